@@ -1,0 +1,23 @@
+"""RFT algorithm parts: advantages, policy losses, KL estimators, aggregation, and a registry."""
+
+from components.algorithms.advantages import grpo_advantages
+from components.algorithms.aggregation import AGG_MODES, aggregate
+from components.algorithms.losses import KL_KINDS, LossInputs, kl_penalty, mix_loss, ppo_clip_loss, sft_loss
+from components.algorithms.registry import get_advantage, get_loss, known, register_advantage, register_loss
+
+__all__ = [
+    "AGG_MODES",
+    "KL_KINDS",
+    "LossInputs",
+    "aggregate",
+    "get_advantage",
+    "get_loss",
+    "grpo_advantages",
+    "kl_penalty",
+    "known",
+    "mix_loss",
+    "ppo_clip_loss",
+    "register_advantage",
+    "register_loss",
+    "sft_loss",
+]

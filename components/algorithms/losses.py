@@ -1,0 +1,137 @@
+"""Policy losses and KL estimators on response tokens.
+
+Shapes: ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``mask`` are (B, T); ``advantages`` are
+(B, T) or (B,) (broadcast over tokens); ``is_expert`` is a (B,) bool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from components.algorithms.aggregation import aggregate
+from components.algorithms.registry import register_loss
+
+KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
+
+
+def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """(B,) or (B, T) advantages → (B, T)."""
+    return advantages.unsqueeze(-1).expand_as(like) if advantages.dim() == 1 else advantages
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347; clip-higher from DAPO,
+    arXiv:2503.14476; dual clip from Ye et al. 2020, arXiv:1912.09729).
+
+    r = exp(logprobs − old_logprobs);  l = max(−A·r, −A·clip(r, 1 − clip_low, 1 + clip_high));
+    with ``dual_clip=c`` (c > 1), for A < 0: l = min(l, −A·c). Aggregated with ``agg``.
+    """
+    mask = mask.to(logprobs.dtype)  # (B, T)
+    adv = _per_token(advantages, logprobs)  # (B, T)
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # (B, T) keeps exp finite
+    ratio = torch.exp(log_ratio)  # (B, T)
+    unclipped = -adv * ratio  # (B, T)
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (B, T)
+    per_token = torch.maximum(unclipped, clipped)  # (B, T)
+    if dual_clip is not None:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
+    loss = aggregate(per_token, mask, agg)
+    metrics = {
+        "policy/clip_frac": _masked_mean((clipped > unclipped).to(mask.dtype), mask),
+        "policy/ratio_mean": _masked_mean(ratio.detach(), mask),
+        "policy/approx_kl": _masked_mean((-log_ratio).detach(), mask),
+    }
+    return loss, metrics
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, *, agg: str = "token-mean") -> torch.Tensor:
+    """Supervised negative log-likelihood of the response tokens: l = −logprobs, aggregated."""
+    return aggregate(-logprobs, mask, agg)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
+    """Per-token KL(π ‖ π_ref) estimators (Schulman, "Approximating KL divergence", 2020).
+
+    With d = logprobs − ref_logprobs: k1 = d; k2 = d²/2; k3 = exp(−d) + d − 1;
+    low_var_kl = k3 clamped to [−10, 10] (veRL ``kl_penalty``). Returns (B, T).
+    """
+    d = logprobs - ref_logprobs  # (B, T)
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d**2
+    if kind in ("k3", "low_var_kl"):
+        k3 = torch.exp(-d.clamp(max=20.0)) + d - 1.0  # (B, T) clamp only guards exp overflow
+        return k3.clamp(-10.0, 10.0) if kind == "low_var_kl" else k3
+    raise ValueError(f"unknown KL kind {kind!r}; known: {', '.join(KL_KINDS)}")
+
+
+def mix_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    is_expert: torch.Tensor,
+    *,
+    mu: float = 0.1,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    agg: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """MIX (Trinity-RFT ``mix`` algorithm): GRPO on explorer rows + SFT on expert rows.
+
+    loss = (1 − mu) · PPO-clip(usual rows) + mu · SFT(expert rows); a term whose rows are absent
+    is 0. ``is_expert``: (B,) bool.
+    """
+    usual = ~is_expert  # (B,)
+    policy, metrics = ppo_clip_loss(
+        logprobs[usual], old_logprobs[usual], _per_token(advantages, logprobs)[usual], mask[usual],
+        clip_low=clip_low, clip_high=clip_high, agg=agg,
+    )
+    sft = sft_loss(logprobs[is_expert], mask[is_expert], agg=agg)
+    loss = (1.0 - mu) * policy + mu * sft
+    return loss, {**metrics, "loss/policy": float(policy.detach()), "loss/sft": float(sft.detach())}
+
+
+@dataclass
+class LossInputs:
+    """Everything a registered policy loss may read; tensors as in the module docstring."""
+
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    is_expert: torch.Tensor
+
+
+@register_loss("ppo_clip")
+def _ppo_clip(x: LossInputs, **options) -> tuple[torch.Tensor, dict[str, float]]:
+    loss, metrics = ppo_clip_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, **options)
+    return loss, {**metrics, "loss/policy": float(loss.detach())}
+
+
+@register_loss("sft")
+def _sft(x: LossInputs, *, agg: str = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+    loss = sft_loss(x.logprobs, x.mask, agg=agg)
+    return loss, {"loss/sft": float(loss.detach())}
+
+
+@register_loss("mix")
+def _mix(x: LossInputs, **options) -> tuple[torch.Tensor, dict[str, float]]:
+    return mix_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, x.is_expert, **options)

@@ -1,0 +1,147 @@
+"""``Campaign``: the parts of one running campaign, wired together, with one method per stage.
+
+Stage methods take a round number and return small metric dicts (namespaced keys); data passes
+between stages through the object store (``ExperienceBuffer`` staging), so each stage can be
+retried on its own. Nothing here imports Prefect: ``tasks/`` wrap these methods.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from components import explorer
+from components.buffer import ExperienceBuffer
+from components.config import CampaignConfig
+from components.models import load_model
+from components.rewards import make_reward_fn
+from components.rollout import HFRolloutEngine
+from components.storage import open_store
+from components.sync import MemoryWeightSync
+from components.tasksets import Task, load_tasks, select_tasks, tasks_from_table, tasks_to_table
+from components.trainer import Trainer
+from components.validation import ContractBounds, check_experiences
+
+
+class Campaign:
+    """Model copies (trainer + explorer), store, buffer, reward, weight sync for one campaign."""
+
+    def __init__(self, cfg: CampaignConfig, run_dir: str | Path):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        torch.manual_seed(cfg.seed)
+        self.store = open_store(cfg.storage.url or (self.run_dir / "store").as_uri())
+        self.buffer = ExperienceBuffer(self.store, cfg.name)
+        self.reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
+        policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
+                                            dtype=cfg.model.dtype)
+        explorer_model = copy.deepcopy(policy)
+        self.engine = HFRolloutEngine(explorer_model, self.tokenizer, batch_size=cfg.explorer.batch_size,
+                                      chat_template=cfg.model.chat_template)
+        self.trainer = Trainer(policy, self.tokenizer.pad_token_id, cfg.trainer, cfg.algorithm,
+                               temperature=cfg.explorer.temperature, seed=cfg.seed)
+        self.weights = MemoryWeightSync(self.trainer.unwrapped, explorer_model)
+        self.rng = random.Random(cfg.seed)
+        self._train_tasks: list[Task] | None = None
+        self._eval_tasks: list[Task] | None = None
+
+    # setup -----------------------------------------------------------------------------------
+    def prepare(self) -> dict[str, float]:
+        """Build the taskset splits and expert demonstrations and store them (idempotent)."""
+        train, held_out = load_tasks(self.cfg.taskset, self.cfg.seed)
+        self.buffer.write_tasks("train", tasks_to_table(train))
+        self.buffer.write_tasks("eval", tasks_to_table(held_out))
+        expert = explorer.expert_demonstrations(self.engine, train, campaign=self.cfg.name)
+        self.buffer.write_expert(expert)
+        return {"tasks/train": len(train), "tasks/eval": len(held_out), "tasks/expert": expert.num_rows}
+
+    @property
+    def train_tasks(self) -> list[Task]:
+        if self._train_tasks is None:
+            self._train_tasks = tasks_from_table(self.buffer.read_tasks("train"))
+        return self._train_tasks
+
+    @property
+    def eval_tasks(self) -> list[Task]:
+        if self._eval_tasks is None:
+            self._eval_tasks = tasks_from_table(self.buffer.read_tasks("eval"))
+        return self._eval_tasks
+
+    def warm_start(self, progress=None) -> dict[str, float]:
+        """Expert-only SFT steps before the RL rounds (``trainer.warmup_steps``), then sync."""
+        steps = self.cfg.trainer.warmup_steps
+        if steps == 0:
+            return {}
+        rows = self.buffer.read_expert().to_pylist()
+        last = self.trainer.warm_start(rows, steps, self.cfg.trainer.warmup_lr, progress)
+        self.weights.sync()
+        return {"warmup/steps": float(steps), "warmup/loss_sft": last.get("loss/sft", float("nan"))}
+
+    # stages ----------------------------------------------------------------------------------
+    def explore(self, round_no: int) -> dict[str, float]:
+        """Sample the round's tasks and generate ``repeat_times`` responses each → staging/rollouts."""
+        ex = self.cfg.explorer
+        tasks = select_tasks(self.train_tasks, round_no, ex.tasks_per_round, self.cfg.seed)
+        torch.manual_seed(self.cfg.seed * 1_000_003 + round_no)
+        table = explorer.explore(self.engine, tasks, campaign=self.cfg.name, round_no=round_no,
+                                 repeat_times=ex.repeat_times, temperature=ex.temperature,
+                                 max_new_tokens=ex.max_new_tokens, model_version=self.weights.version)
+        self.buffer.write_staging(round_no, "rollouts", table)
+        lengths = pc.list_value_length(table.column("response_ids"))
+        return {"explore/rows": table.num_rows, "explore/response_len": pc.mean(lengths).as_py() or 0.0}
+
+    def verify(self, round_no: int) -> dict[str, float]:
+        """Score the rollouts and check the experience contract → staging/verified (with ``reason``)."""
+        tasks_by_id = {t.task_id: t for t in self.train_tasks}
+        scored = explorer.score(self.buffer.read_staging(round_no, "rollouts"), tasks_by_id, self.reward_fn,
+                                self.cfg.reward.function)
+        verdict = check_experiences(scored, ContractBounds(max_model_version=self.weights.version))
+        reasons = pa.array([None] * verdict.accepted.num_rows, pa.string())
+        verified = pa.concat_tables([verdict.accepted.append_column("reason", reasons), verdict.quarantined])
+        self.buffer.write_staging(round_no, "verified", verified)
+        rewards = scored.column("reward")
+        return {"reward/mean": pc.mean(rewards).as_py(), "reward/std": pc.stddev(rewards).as_py() or 0.0,
+                "contract/accepted": verdict.counts["accepted"], "contract/quarantined": verdict.counts["quarantined"]}
+
+    def store_round(self, round_no: int) -> dict[str, float]:
+        """Commit verified rows to the buffer: accepted → experiences/usual, rejected → quarantine."""
+        verified = self.buffer.read_staging(round_no, "verified")
+        rejected = pc.is_valid(verified.column("reason"))
+        accepted = verified.filter(pc.invert(rejected)).drop_columns(["reason"])
+        self.buffer.write_usual(round_no, accepted)
+        self.buffer.write_quarantine(round_no, verified.filter(rejected))
+        return {"buffer/usual_rows": accepted.num_rows}
+
+    def train(self, round_no: int) -> dict[str, float]:
+        """Update the policy on this round's usual experiences (+ sampled expert rows, per algorithm)."""
+        algo = self.cfg.algorithm
+        parts = []
+        if algo.uses_explorer:
+            parts.append(self.buffer.read_usual(round_no))
+        if algo.uses_expert:
+            parts.append(self.buffer.sample_expert(algo.expert_per_round, self.rng))
+        rows = pa.concat_tables(parts).to_pylist()
+        return self.trainer.train(rows)
+
+    def sync(self, round_no: int) -> dict[str, float]:
+        """Push the trainer's weights to the explorer; bump the weight version."""
+        return {"sync/weight_version": float(self.weights.sync())}
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy accuracy of the explorer's (latest synced) model on the held-out split."""
+        return explorer.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.eval.max_new_tokens)
+
+    # results ---------------------------------------------------------------------------------
+    def save_model(self, out_dir: str | Path) -> Path:
+        """The trained policy + tokenizer in Hugging Face format, also copied to the store."""
+        out = Path(out_dir)
+        self.trainer.unwrapped.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        prefix = self.buffer.checkpoint_prefix(self.weights.version)
+        for f in sorted(out.iterdir()):
+            self.store.put(f"{prefix}/{f.name}", f.read_bytes())
+        return out

@@ -1,0 +1,190 @@
+"""``CampaignConfig``: one campaign, loaded from YAML; every field documented, defaults that run.
+
+Unknown keys and bad values fail before any work starts, with one line naming the key
+(``ConfigError``). ``--set a.b=value`` overrides parse ``value`` as YAML.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A campaign config that cannot run; the message is one line naming the culprit."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field("builtin:tiny", description="`builtin:tiny` or a local Hugging Face model directory.")
+    allow_download: bool = Field(False, description="Allow a hub id in `path` (off: offline machines are normal).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
+    chat_template: bool = Field(False, description="Wrap prompts in the tokenizer's chat template (instruct models).")
+
+
+class TasksetConfig(_Section):
+    source: str = Field(
+        "reasoning_gym:chain_sum",
+        description="`reasoning_gym:<dataset>` or a path to a .jsonl/.parquet file of tasks.",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="reasoning-gym dataset parameters (e.g. min_terms, max_digits)."
+    )
+    size: int = Field(20000, gt=0, description="Tasks drawn from a reasoning-gym generator (before dedupe).")
+    eval_size: int = Field(200, gt=0, description="Held-out tasks for greedy evaluation (disjoint from train).")
+    prompt_template: str = Field(
+        "{question}",
+        description="Python format string for the prompt; fields: `question`, `answer` and metadata keys "
+        "(e.g. `{expression} =` for reasoning-gym arithmetic).",
+    )
+    question_key: str = Field("question", description="File tasksets: the column holding the question.")
+    answer_key: str = Field("answer", description="File tasksets: the column holding the gold answer.")
+
+
+class RewardConfig(_Section):
+    function: Literal["score_answer", "exact_match"] = Field(
+        "score_answer",
+        description="`score_answer`: the reasoning-gym dataset's own verifier (exact match for file tasksets); "
+        "`exact_match`: 1 if the stripped response equals the gold answer.",
+    )
+
+
+class ExplorerConfig(_Section):
+    engine: Literal["hf"] = Field("hf", description="Rollout engine: `hf` (transformers generate, batched).")
+    tasks_per_round: int = Field(32, gt=0, description="Tasks sampled per round.")
+    repeat_times: int = Field(8, gt=0, description="Responses per task: the GRPO group size.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 keeps log-probs on-policy).")
+    max_new_tokens: int = Field(16, gt=0, description="Longest response, in tokens.")
+    batch_size: int = Field(256, gt=0, description="Sequences generated per forward batch.")
+
+
+class AlgorithmConfig(_Section):
+    name: Literal["sft", "grpo", "mix"] = Field(
+        "mix",
+        description="`sft`: NLL on expert rows only; `grpo`: PPO-clip with group-relative advantages on "
+        "explorer rows; `mix`: (1 − mu)·GRPO on explorer rows + mu·SFT on expert rows.",
+    )
+    mu: float = Field(0.1, ge=0, le=1, description="MIX: weight of the SFT term on expert rows.")
+    clip_low: float = Field(0.2, ge=0, description="PPO: lower clip ε (ratio ≥ 1 − ε).")
+    clip_high: float = Field(0.2, ge=0, description="PPO: upper clip ε (ratio ≤ 1 + ε; > clip_low = DAPO clip-higher).")
+    std_normalize: bool = Field(True, description="GRPO: divide by the group's std (False = Dr. GRPO).")
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="Loss aggregation over tokens and rows (see components.algorithms.aggregation)."
+    )
+    expert_per_round: int = Field(
+        0, ge=0, description="Expert rows (gold demonstrations) sampled into each round's training data."
+    )
+
+    @property
+    def uses_explorer(self) -> bool:
+        return self.name != "sft"
+
+    @property
+    def uses_expert(self) -> bool:
+        return self.name in ("sft", "mix")
+
+
+class TrainerConfig(_Section):
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
+    micro_batch_size: int = Field(128, gt=0, description="Rows per optimizer step.")
+    epochs: int = Field(1, gt=0, description="Passes over each round's training rows (PPO epochs).")
+    warmup_steps: int = Field(
+        0, ge=0, description="Expert-only SFT steps before round 1 (a warm start; 0 = none)."
+    )
+    warmup_lr: float | None = Field(None, gt=0, description="Learning rate of the warm start (default: `lr`).")
+
+
+class EvalConfig(_Section):
+    every: int = Field(5, gt=0, description="Greedy held-out evaluation every k rounds (and before/after).")
+    max_new_tokens: int = Field(16, gt=0, description="Longest greedy answer, in tokens.")
+
+
+class StorageConfig(_Section):
+    url: str | None = Field(None, description="Object store URL; default `file://<run dir>/store`.")
+
+
+class TrackingConfig(_Section):
+    uri: str | None = Field(None, description="MLflow tracking URI; default `sqlite:///<run dir>/mlflow.db`.")
+    experiment: str = Field("rftflow", description="MLflow experiment name.")
+    registered_model: str = Field("rftflow-model", description="Registered model the final model is versioned under.")
+
+
+class CampaignConfig(_Section):
+    name: str = Field("campaign", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Campaign name (run dir, keys).")
+    seed: int = Field(0, description="Seed for tasks, sampling and initialisation.")
+    rounds: int = Field(10, gt=0, description="Explore → verify → buffer → train → sync rounds.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    taskset: TasksetConfig = Field(default_factory=TasksetConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @field_validator("rounds")
+    @classmethod
+    def _rounds_fit(cls, v: int) -> int:
+        if v > 999_999:
+            raise ValueError("at most 999999 rounds (object keys carry a 6-digit round)")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> CampaignConfig:
+        if self.algorithm.uses_expert and self.algorithm.expert_per_round == 0 and self.algorithm.name == "sft":
+            raise ValueError("algorithm.expert_per_round must be > 0 for `sft` (it trains on expert rows only)")
+        return self
+
+
+def _apply_override(data: dict, assignment: str) -> None:
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {assignment!r}: expected key.path=value")
+    *parents, leaf = key.strip().split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {part!r} is not a section")
+    node[leaf] = yaml.safe_load(raw)
+
+
+def _describe(error: ValidationError) -> str:
+    """The first validation error as ``key.path: message (got value)``."""
+    first = error.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "<config>"
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key {key!r}"
+    got = first.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"config key {key!r}: {first['msg']}{shown}"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CampaignConfig:
+    """Read YAML at ``path`` (None = all defaults), apply ``key.path=value`` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: a campaign config must be a mapping, got {type(data).__name__}")
+    for assignment in overrides:
+        _apply_override(data, assignment)
+    try:
+        return CampaignConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{path or '<defaults>'}: {_describe(e)}") from None

@@ -1,0 +1,148 @@
+"""The trainer: experiences → token tensors → the algorithm's loss → AdamW steps, under ``accelerate``.
+
+Layout of a training batch: prompts left-padded to P, responses right-padded to R, concatenated
+to (B, P + R); position ids count real tokens only, so every row is laid out exactly as the
+rollout engine saw it. The response log-probs are read from logits[:, P−1 : P+R−1].
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from transformers import PreTrainedModel
+
+from components.algorithms import LossInputs, get_advantage, get_loss
+from components.config import AlgorithmConfig, TrainerConfig
+
+Row = Mapping[str, Any]
+# Which registered loss and which options each algorithm uses.
+ALGORITHM_LOSS = {"sft": "sft", "grpo": "ppo_clip", "mix": "mix"}
+
+
+def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """Rows with ``prompt_ids``, ``response_ids`` (and optional ``response_mask``) → padded tensors."""
+    P = max(len(r["prompt_ids"]) for r in rows)
+    R = max(len(r["response_ids"]) for r in rows)
+    B = len(rows)
+    input_ids = torch.full((B, P + R), pad_id, dtype=torch.long)  # (B, P+R)
+    attention = torch.zeros((B, P + R), dtype=torch.long)  # (B, P+R)
+    mask = torch.zeros((B, R), dtype=torch.float32)  # (B, R) trained response tokens
+    for i, r in enumerate(rows):
+        p, resp = r["prompt_ids"], r["response_ids"]
+        input_ids[i, P - len(p):P] = torch.tensor(p)
+        input_ids[i, P:P + len(resp)] = torch.tensor(resp)
+        attention[i, P - len(p):P + len(resp)] = 1
+        rmask = r.get("response_mask")
+        mask[i, :len(resp)] = torch.tensor(rmask, dtype=torch.float32) if rmask is not None else 1.0
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, P+R)
+    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions,
+            "response_ids": input_ids[:, P:], "mask": mask, "prompt_len": torch.tensor(P)}
+
+
+def response_logprobs(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
+    """log π(response token | prefix) for every response position: (B, R)."""
+    P = int(batch["prompt_len"])
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits  # (B, P+R, V)
+    R = batch["response_ids"].shape[1]
+    logits = logits[:, P - 1:P + R - 1].float() / temperature  # (B, R, V)
+    return torch.log_softmax(logits, -1).gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1)  # (B, R)
+
+
+class Trainer:
+    """Owns the policy being trained, its optimizer and the step counter."""
+
+    def __init__(self, model: PreTrainedModel, pad_id: int, trainer: TrainerConfig, algorithm: AlgorithmConfig,
+                 *, temperature: float = 1.0, seed: int = 0):
+        self.cfg, self.algorithm, self.temperature, self.pad_id = trainer, algorithm, temperature, pad_id
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.rng = random.Random(seed)
+        self.steps = 0
+
+    @property
+    def unwrapped(self) -> PreTrainedModel:
+        return self.accelerator.unwrap_model(self.model)
+
+    def _step(self, rows: Sequence[Row], advantages: torch.Tensor, loss_name: str, options: dict) -> dict[str, float]:
+        batch = {k: v.to(self.accelerator.device) for k, v in batch_tensors(rows, self.pad_id).items()}
+        logprobs = response_logprobs(self.model, batch, self.temperature)  # (B, R)
+        old = torch.zeros_like(logprobs)  # (B, R) behaviour log-probs; current ones for expert rows
+        for i, r in enumerate(rows):
+            behaviour = r.get("response_logprobs")
+            old[i, :len(r["response_ids"])] = (
+                torch.tensor(behaviour) if behaviour is not None else logprobs[i, :len(r["response_ids"])].detach()
+            )
+        is_expert = torch.tensor([r["source"] != "explorer" for r in rows], device=logprobs.device)  # (B,)
+        inputs = LossInputs(logprobs, old, advantages.to(logprobs.device), batch["mask"], is_expert)
+        loss, metrics = get_loss(loss_name)(inputs, **options)
+        self.optimizer.zero_grad()
+        self.accelerator.backward(loss)
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.steps += 1
+        return {**metrics, "loss/total": float(loss.detach()), "train/grad_norm": float(grad_norm)}
+
+    def _loss_options(self, name: str) -> dict[str, Any]:
+        a = self.algorithm
+        if name == "sft":
+            return {"agg": a.agg}
+        clip = {"clip_low": a.clip_low, "clip_high": a.clip_high, "agg": a.agg}
+        return {**clip, "mu": a.mu} if name == "mix" else clip
+
+    def train(self, rows: Sequence[Row]) -> dict[str, float]:
+        """One round's update: advantages over explorer rows, then ``epochs`` shuffled passes in
+        micro-batches, one optimizer step each. Returns metrics averaged over steps."""
+        rows = list(rows)
+        if not rows:
+            return {}
+        loss_name = ALGORITHM_LOSS[self.algorithm.name]
+        explorer_idx = [i for i, r in enumerate(rows) if r["source"] == "explorer"]
+        advantages = torch.zeros(len(rows))  # (N,) expert rows keep 0: their term is SFT
+        if explorer_idx and loss_name != "sft":
+            rewards = torch.tensor([rows[i]["reward"] for i in explorer_idx])
+            groups = [rows[i]["group_id"] for i in explorer_idx]
+            advantages[explorer_idx] = get_advantage("grpo")(
+                rewards, groups, std_normalize=self.algorithm.std_normalize
+            )
+        start, sums, tokens = time.perf_counter(), defaultdict(float), 0
+        n_steps = 0
+        for _ in range(self.cfg.epochs):
+            order = list(range(len(rows)))
+            self.rng.shuffle(order)
+            for s in range(0, len(order), self.cfg.micro_batch_size):
+                idx = order[s:s + self.cfg.micro_batch_size]
+                chunk = [rows[i] for i in idx]
+                for k, v in self._step(chunk, advantages[idx], loss_name, self._loss_options(loss_name)).items():
+                    sums[k] += v
+                tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in chunk)
+                n_steps += 1
+        metrics = {k: v / n_steps for k, v in sums.items()}
+        metrics["train/steps"] = float(n_steps)
+        metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
+        return metrics
+
+    def warm_start(self, expert_rows: Sequence[Row], steps: int, lr: float | None = None,
+                   progress=None) -> dict[str, float]:
+        """``steps`` SFT steps on micro-batches sampled from ``expert_rows`` (an expert-only warm start)."""
+        if lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        last: dict[str, float] = {}
+        pool = list(expert_rows)
+        for step in range(steps):
+            chunk = self.rng.sample(pool, min(self.cfg.micro_batch_size, len(pool)))
+            last = self._step(chunk, torch.zeros(len(chunk)), "sft", {"agg": self.algorithm.agg})
+            if progress is not None:
+                progress(step + 1, last)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr
+        return last

@@ -1,0 +1,80 @@
+"""The ``rft_campaign`` flow: prepare, (warm start), then rounds of explore → verify → buffer →
+train → sync, held-out evaluation every k rounds, and the final model registered in MLflow."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, runtime
+from prefect.artifacts import create_markdown_artifact
+
+from components.campaign import Campaign
+from components.config import CampaignConfig
+from components.tracking import Tracker
+from flows.progress import CampaignProgress
+from tasks.buffer import buffer
+from tasks.evaluate import evaluate
+from tasks.explore import explore
+from tasks.prepare import prepare
+from tasks.register import register
+from tasks.sync import sync
+from tasks.train import train, warm_start
+from tasks.verify import verify
+
+ROUND = (explore, verify, buffer, train, sync)
+
+
+def _summary_markdown(summary: dict[str, Any]) -> str:
+    rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items())
+    return f"# Campaign `{summary['campaign']}`\n\n| key | value |\n| --- | --- |\n{rows}\n"
+
+
+@flow(name="rft_campaign", flow_run_name="{config[name]}")
+def rft_campaign(config: dict[str, Any], run_dir: str, show_progress: bool = False) -> dict[str, Any]:
+    """Run one campaign from a validated config dict into ``run_dir``; returns (and writes) its summary."""
+    cfg = CampaignConfig.model_validate(config)
+    out = Path(run_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    flow_run_id = str(runtime.flow_run.id or "")
+    tracking_uri = cfg.tracking.uri or f"sqlite:///{out / 'mlflow.db'}"
+    tracker = Tracker(tracking_uri, cfg.tracking.experiment, cfg.name, artifact_root=out / "mlartifacts",
+                      tags={"campaign": cfg.name, "prefect.flow_run_id": flow_run_id})
+    try:
+        tracker.log_params(cfg.model_dump(mode="json"))
+        campaign = Campaign(cfg, out)
+        with CampaignProgress(cfg, enabled=show_progress) as progress:
+            prepare(campaign, tracker)
+            warm_start(campaign, tracker, cfg.trainer.warmup_steps, progress.warmup)
+            before = evaluate(campaign, tracker, 0)["eval/accuracy"]
+            progress.start_rounds(before)
+            after, last = before, {}
+            for r in range(1, cfg.rounds + 1):
+                last = {}
+                for stage in ROUND:
+                    last |= stage(campaign, tracker, r)
+                if r % cfg.eval.every == 0 or r == cfg.rounds:
+                    after = evaluate(campaign, tracker, r)["eval/accuracy"]
+                progress.round_done(r, last.get("reward/mean", float("nan")), after)
+        tags = {"campaign": cfg.name, "eval_accuracy": f"{after:.4f}", "prefect.flow_run_id": flow_run_id}
+        model = register(campaign, tracker, tags)
+        summary = {
+            "campaign": cfg.name, "eval_accuracy_before": before, "eval_accuracy_after": after,
+            "rounds": cfg.rounds, "reward_mean_last_round": last.get("reward/mean"),
+            "wall_seconds": round(time.perf_counter() - started, 1), "mlflow_tracking_uri": tracking_uri,
+            "mlflow_run_id": tracker.run_id, **model, "store_url": campaign.store.url,
+            "prefect_flow_run_id": flow_run_id, "run_dir": str(out),
+        }
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        tracker.log_metrics({"eval/accuracy_before": before, "eval/accuracy_after": after}, step=cfg.rounds)
+        create_markdown_artifact(_summary_markdown(summary), key=re.sub(r"[^a-z0-9-]+", "-", f"{cfg.name.lower()}-summary"),
+                                 description="rftflow campaign summary")
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    tracker.finish()
+    return summary
