@@ -69,7 +69,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     """Per-token KL(π ‖ π_ref) estimators (Schulman, "Approximating KL divergence", 2020).
 
     With d = logprobs − ref_logprobs: k1 = d; k2 = d²/2; k3 = exp(−d) + d − 1;
-    low_var_kl = k3 clamped to [−10, 10] (veRL ``kl_penalty``). Returns (B, T).
+    low_var_kl = k3 clamped to [−10, 10] (veRL ``kl_penalty``). For k3 and low_var_kl, d is first
+    clamped to [−20, 20] as in veRL, so extreme log-ratios stay finite. Returns (B, T).
     """
     d = logprobs - ref_logprobs  # (B, T)
     if kind == "k1":
@@ -77,7 +78,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     if kind == "k2":
         return 0.5 * d**2
     if kind in ("k3", "low_var_kl"):
-        k3 = torch.exp(-d.clamp(max=20.0)) + d - 1.0  # (B, T) clamp only guards exp overflow
+        d = d.clamp(-20.0, 20.0)  # (B, T)
+        k3 = torch.exp(-d) + d - 1.0  # (B, T)
         return k3.clamp(-10.0, 10.0) if kind == "low_var_kl" else k3
     raise ValueError(f"unknown KL kind {kind!r}; known: {', '.join(KL_KINDS)}")
 

@@ -1,0 +1,120 @@
+"""Losses and advantages against values computed by hand (in the comments)."""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from components.algorithms import (
+    aggregate, get_advantage, get_loss, grpo_advantages, kl_penalty, mix_loss, ppo_clip_loss, register_advantage,
+    sft_loss,
+)
+
+S = 0.5 / math.sqrt(0.5)  # 0.70711: |r − mean| / unbiased std for a group of two distinct rewards
+
+
+def test_grpo_advantages_normalise_within_each_group():
+    # group a: [1, 0] mean .5 std .7071; group b: [1, .5] mean .75 std .3536 → ±0.7071 each
+    adv = grpo_advantages(torch.tensor([1.0, 0.0, 1.0, 0.5]), ["a", "a", "b", "b"], eps=0.0)
+    assert_close(adv, torch.tensor([S, -S, S, -S]))
+
+
+def test_grpo_without_std_is_mean_centred_only():  # Dr. GRPO
+    adv = grpo_advantages(torch.tensor([1.0, 0.0, 1.0, 0.5]), ["a", "a", "b", "b"], std_normalize=False)
+    assert_close(adv, torch.tensor([0.5, -0.5, 0.25, -0.25]))
+
+
+def test_grpo_group_of_one_and_all_equal_rewards_give_zero_not_nan():
+    adv = grpo_advantages(torch.tensor([0.3, 1.0, 1.0, 1.0]), [7, 8, 8, 8])
+    assert torch.isfinite(adv).all()
+    assert_close(adv, torch.zeros(4))
+
+
+def test_aggregation_modes():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert_close(aggregate(loss, mask, "token-mean"), torch.tensor(7 / 3))  # (1+2+4)/3
+    assert_close(aggregate(loss, mask, "seq-mean-token-mean"), torch.tensor(2.75))  # (1.5 + 4)/2
+    assert_close(aggregate(loss, mask, "seq-mean-token-sum"), torch.tensor(3.5))  # (3 + 4)/2
+    assert_close(aggregate(loss, mask, "seq-mean-token-sum-norm"), torch.tensor(7 / 6))  # (3/3 + 4/3)/2
+    with pytest.raises(ValueError, match="known: token-mean"):
+        aggregate(loss, mask, "mean")
+
+
+def test_aggregation_of_a_fully_masked_row_is_zero_not_nan():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    assert_close(aggregate(loss, mask, "seq-mean-token-mean"), torch.tensor(0.75))  # (1.5 + 0)/2
+    assert_close(aggregate(loss, torch.zeros_like(mask), "token-mean"), torch.tensor(0.0))
+
+
+RATIOS = torch.tensor([[0.5, 1.0, 1.5, 1.1]])
+
+
+def _ppo(advantage: float, **kw):
+    old = torch.zeros(1, 4)
+    return ppo_clip_loss(torch.log(RATIOS), old, torch.tensor([advantage]), torch.ones(1, 4), **kw)
+
+
+def test_ppo_clip_positive_advantage_clips_the_gain():
+    # l = −min(r, clip(r, .8, 1.2)) = −[.5, 1, 1.2, 1.1] → mean −0.95
+    loss, metrics = _ppo(1.0)
+    assert_close(loss, torch.tensor(-0.95))
+    assert metrics["policy/clip_frac"] == pytest.approx(0.25)  # only r = 1.5 is clipped
+
+
+def test_ppo_clip_negative_advantage_and_dual_clip():
+    # l = max(r, clip(r)) = [.8, 1, 1.5, 1.1] → 1.1 ; dual clip c=1.3 caps 1.5 → 1.3: 4.2/4
+    assert_close(_ppo(-1.0)[0], torch.tensor(1.1))
+    assert_close(_ppo(-1.0, dual_clip=1.3)[0], torch.tensor(1.05))
+
+
+def test_ppo_clip_higher_widens_the_upper_bound():  # DAPO
+    # clip_high .6: r = 1.5 is no longer clipped: −(.5 + 1 + 1.5 + 1.1)/4
+    assert_close(_ppo(1.0, clip_high=0.6)[0], torch.tensor(-1.025))
+
+
+def test_ppo_extreme_log_ratios_stay_finite():
+    logprobs = torch.tensor([[0.0, -200.0]], requires_grad=True)
+    loss, _ = ppo_clip_loss(logprobs, torch.tensor([[-200.0, 0.0]]), torch.tensor([-1.0]), torch.ones(1, 2))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
+
+
+def test_sft_loss_is_masked_negative_log_likelihood():
+    logprobs = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
+    assert_close(sft_loss(logprobs, torch.tensor([[1, 1], [1, 0]])), torch.tensor(2.0))  # (1+2+3)/3
+
+
+def test_kl_estimators():
+    d = torch.tensor([[0.5, -1.0, 30.0, -30.0]])
+    ref = torch.zeros_like(d)
+    assert_close(kl_penalty(d, ref, "k1"), d)
+    assert_close(kl_penalty(d, ref, "k2"), torch.tensor([[0.125, 0.5, 450.0, 450.0]]))
+    k3 = kl_penalty(d, ref, "k3")  # exp(−d) + d − 1, d clamped to ±20
+    assert_close(k3[0, :2], torch.tensor([math.exp(-0.5) - 0.5, math.e - 2.0]))
+    assert torch.isfinite(k3).all()
+    assert_close(kl_penalty(d, ref, "low_var_kl"), torch.tensor([[math.exp(-0.5) - 0.5, math.e - 2.0, 10.0, 10.0]]))
+    with pytest.raises(ValueError, match="known: k1"):
+        kl_penalty(d, ref, "k4")
+
+
+def test_mix_loss_weights_policy_and_sft_terms():
+    # row 0 usual, ratio 1, A=1 → PPO term −1; row 1 expert, logprobs −2 → SFT term 2
+    logprobs = torch.tensor([[-0.7, -0.7], [-2.0, -2.0]])
+    loss, metrics = mix_loss(logprobs, logprobs.clone(), torch.tensor([1.0, 0.0]), torch.ones(2, 2),
+                             torch.tensor([False, True]), mu=0.1)
+    assert_close(loss, torch.tensor(0.9 * -1.0 + 0.1 * 2.0))
+    assert metrics["loss/policy"] == pytest.approx(-1.0) and metrics["loss/sft"] == pytest.approx(2.0)
+
+
+def test_registry_finds_registered_functions_and_lists_known_names():
+    @register_advantage("constant_one")
+    def constant_one(rewards, group_ids, **_):
+        return torch.ones_like(rewards)
+
+    assert_close(get_advantage("constant_one")(torch.zeros(3), [0, 0, 1]), torch.ones(3))
+    assert get_loss("mix") is not None
+    with pytest.raises(KeyError, match="known: .*grpo"):
+        get_advantage("nope")

@@ -1,0 +1,35 @@
+from pathlib import Path
+
+import pytest
+
+from components.config import CampaignConfig, ConfigError, load_config
+
+
+def test_defaults_validate_and_default_campaign_loads():
+    assert CampaignConfig().algorithm.name == "mix"
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "arith-mix.yaml")
+    assert cfg.name == "arith-mix" and cfg.taskset.params["max_digits"] == 2
+
+
+def test_overrides_parse_values_as_yaml():
+    cfg = load_config(None, ["rounds=3", "trainer.lr=1e-4", "taskset.params.max_digits=1"])
+    assert cfg.rounds == 3 and cfg.trainer.lr == pytest.approx(1e-4) and cfg.taskset.params == {"max_digits": 1}
+
+
+def test_unknown_key_is_named(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  lrr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer\.lrr'"):
+        load_config(path)
+
+
+def test_wrong_type_is_named_with_the_value():
+    with pytest.raises(ConfigError, match=r"config key 'rounds'.*got 'many'"):
+        load_config(None, ["rounds=many"])
+
+
+def test_missing_config_file_and_bad_override():
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("nope.yaml")
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        load_config(None, ["rounds"])

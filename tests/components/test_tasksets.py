@@ -1,0 +1,63 @@
+import json
+
+import pytest
+
+from components.config import TasksetConfig
+from components.rewards import make_reward_fn
+from components.tasksets import TasksetError, check_taskset, load_tasks, select_tasks
+
+ARITH = dict(source="reasoning_gym:chain_sum", params={"min_terms": 2, "max_terms": 2, "max_digits": 2},
+             size=3000, eval_size=100, prompt_template="{expression} =")
+
+
+def test_reasoning_gym_splits_are_disjoint_and_templated():
+    train, held_out = load_tasks(TasksetConfig(**ARITH), seed=0)
+    assert len(held_out) == 100 and len(train) > 1000
+    assert not {t.question for t in train} & {t.question for t in held_out}
+    task = train[0]
+    assert task.prompt == task.metadata["expression"] + " ="
+    reward = make_reward_fn("score_answer", ARITH["source"])
+    assert reward(f" {task.answer} ", task) == 1.0 and reward("nonsense", task) < 1.0
+
+
+def test_round_selection_is_deterministic_and_covers_the_taskset():
+    train, _ = load_tasks(TasksetConfig(**ARITH), seed=0)
+    first = select_tasks(train, 1, 32, seed=0)
+    assert [t.task_id for t in first] == [t.task_id for t in select_tasks(train, 1, 32, seed=0)]
+    seen = {id(t) for r in range(1, len(train) // 32 + 1) for t in select_tasks(train, r, 32, seed=0)}
+    assert len(seen) >= len(train) - 32  # one pass over the shuffled taskset
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_taskset_loads_with_disjoint_eval(tmp_path):
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(50)])
+    train, held_out = load_tasks(TasksetConfig(source=str(path), eval_size=10), seed=1)
+    assert len(held_out) == 10 and len(train) == 40
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("{not json", r"t\.jsonl:3: not valid JSON"),
+        ({"question": "1+1="}, r"t\.jsonl:3: missing or empty 'answer'"),
+        ({"question": "", "answer": "2"}, r"t\.jsonl:3: missing or empty 'question'"),
+        ([1, 2], r"t\.jsonl:3: expected an object"),
+    ],
+)
+def test_malformed_task_row_is_named_by_file_and_line(tmp_path, row, message):
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"question": "1+1=", "answer": "2"}] * 2 + [row])
+    with pytest.raises(TasksetError, match=message):
+        check_taskset(TasksetConfig(source=str(path)))
+
+
+def test_missing_file_unknown_dataset_and_template_field(tmp_path):
+    with pytest.raises(TasksetError, match="taskset file not found"):
+        check_taskset(TasksetConfig(source=str(tmp_path / "absent.jsonl")))
+    with pytest.raises(TasksetError, match="not registered"):
+        check_taskset(TasksetConfig(source="reasoning_gym:no_such_dataset"))
+    with pytest.raises(TasksetError, match="unknown field 'nope'; available: .*expression"):
+        check_taskset(TasksetConfig(source="reasoning_gym:chain_sum", prompt_template="{nope}"))
