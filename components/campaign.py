@@ -55,7 +55,8 @@ class Campaign:
         train, held_out = load_tasks(self.cfg.taskset, self.cfg.seed)
         self.buffer.write_tasks("train", tasks_to_table(train))
         self.buffer.write_tasks("eval", tasks_to_table(held_out))
-        expert = explorer.expert_demonstrations(self.engine, train, campaign=self.cfg.name)
+        expert = explorer.expert_demonstrations(self.engine, train, campaign=self.cfg.name,
+                                                limit=self.cfg.algorithm.expert_tasks or None)
         self.buffer.write_expert(expert)
         return {"tasks/train": len(train), "tasks/eval": len(held_out), "tasks/expert": expert.num_rows}
 

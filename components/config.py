@@ -77,6 +77,10 @@ class AlgorithmConfig(_Section):
     agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="Loss aggregation over tokens and rows (see components.algorithms.aggregation)."
     )
+    expert_tasks: int = Field(
+        0, ge=0, description="Train tasks that get an expert demonstration (their gold answer); 0 = all. "
+        "Fewer than all leaves tasks that only the explorer's reward can teach, as when demonstrations are scarce.",
+    )
     expert_per_round: int = Field(
         0, ge=0, description="Expert rows (gold demonstrations) sampled into each round's training data."
     )
@@ -155,7 +159,10 @@ def _apply_override(data: dict, assignment: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"--set {key}: {part!r} is not a section")
-    node[leaf] = yaml.safe_load(raw)
+    try:
+        node[leaf] = yaml.safe_load(raw)
+    except yaml.YAMLError:  # not YAML (e.g. a template like `{question}=`): take the text as it is
+        node[leaf] = raw
 
 
 def _describe(error: ValidationError) -> str:

@@ -30,13 +30,17 @@ def explore(engine: HFRolloutEngine, tasks: list[Task], *, campaign: str, round_
     return to_table(rows)
 
 
-def expert_demonstrations(engine: HFRolloutEngine, tasks: list[Task], *, campaign: str) -> pa.Table:
-    """One expert experience per distinct task: the gold answer as the response, ended with EOS."""
+def expert_demonstrations(engine: HFRolloutEngine, tasks: list[Task], *, campaign: str,
+                          limit: int | None = None) -> pa.Table:
+    """One expert experience per distinct task (the first ``limit`` of them): the gold answer as the
+    response, ended with EOS."""
     tok = engine.tokenizer
     rows, seen = [], set()
     for task in tasks:
         if task.task_id in seen:
             continue
+        if limit is not None and len(seen) == limit:
+            break
         seen.add(task.task_id)
         response_ids = tok(task.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         rows.append(make_experience(

@@ -7,6 +7,7 @@ rollout engine saw it. The response log-probs are read from logits[:, P−1 : P+
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import defaultdict
@@ -130,19 +131,28 @@ class Trainer:
         metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
         return metrics
 
-    def warm_start(self, expert_rows: Sequence[Row], steps: int, lr: float | None = None,
+    def warm_start(self, expert_rows: Sequence[Row], steps: int, peak_lr: float | None = None,
                    progress=None) -> dict[str, float]:
-        """``steps`` SFT steps on micro-batches sampled from ``expert_rows`` (an expert-only warm start)."""
-        if lr is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+        """``steps`` SFT steps on micro-batches sampled from ``expert_rows`` (an expert-only warm start).
+
+        Learning rate: linear ramp to ``peak_lr`` over the first 5% of steps, then cosine decay to
+        ``trainer.lr``, the rate the RL rounds continue with.
+        """
+        peak, final = peak_lr or self.cfg.lr, self.cfg.lr
+        ramp = max(1, steps // 20)
         last: dict[str, float] = {}
         pool = list(expert_rows)
         for step in range(steps):
+            if step < ramp:
+                lr = peak * (step + 1) / ramp
+            else:
+                lr = final + 0.5 * (peak - final) * (1 + math.cos(math.pi * (step - ramp) / max(1, steps - ramp)))
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             chunk = self.rng.sample(pool, min(self.cfg.micro_batch_size, len(pool)))
             last = self._step(chunk, torch.zeros(len(chunk)), "sft", {"agg": self.algorithm.agg})
             if progress is not None:
                 progress(step + 1, last)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr
+            group["lr"] = final
         return last

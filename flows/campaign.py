@@ -13,7 +13,7 @@ from prefect import flow, runtime
 from prefect.artifacts import create_markdown_artifact
 
 from components.campaign import Campaign
-from components.config import CampaignConfig
+from components.config import CampaignConfig, load_config
 from components.tracking import Tracker
 from flows.progress import CampaignProgress
 from tasks.buffer import buffer
@@ -33,11 +33,19 @@ def _summary_markdown(summary: dict[str, Any]) -> str:
     return f"# Campaign `{summary['campaign']}`\n\n| key | value |\n| --- | --- |\n{rows}\n"
 
 
-@flow(name="rft_campaign", flow_run_name="{config[name]}")
-def rft_campaign(config: dict[str, Any], run_dir: str, show_progress: bool = False) -> dict[str, Any]:
-    """Run one campaign from a validated config dict into ``run_dir``; returns (and writes) its summary."""
-    cfg = CampaignConfig.model_validate(config)
-    out = Path(run_dir).resolve()
+def _flow_run_name() -> str:
+    config = runtime.flow_run.parameters["config"]
+    return str(config.get("name", "campaign")) if isinstance(config, dict) else Path(config).stem
+
+
+@flow(name="rft_campaign", flow_run_name=_flow_run_name)
+def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, show_progress: bool = False) -> dict[str, Any]:
+    """Run one campaign into ``run_dir`` (default ``runs/<name>``); returns (and writes) its summary.
+
+    ``config`` is a campaign config mapping, or the path of a campaign YAML file.
+    """
+    cfg = load_config(config) if isinstance(config, str) else CampaignConfig.model_validate(config)
+    out = Path(run_dir or Path("runs") / cfg.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     flow_run_id = str(runtime.flow_run.id or "")
