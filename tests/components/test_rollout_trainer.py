@@ -31,3 +31,12 @@ def test_greedy_generation_is_deterministic_and_decodes_text(tiny):
     b = engine.generate(["12 + 3 ="], greedy=True, max_new_tokens=5)[0][0]
     assert a.response_ids == b.response_ids
     assert a.text == tokenizer.decode(a.response_ids, skip_special_tokens=True)
+
+
+def test_sampling_draws_from_the_full_distribution_not_top_k(tiny):
+    # The untrained model is close to uniform over 259 tokens: 512 draws of the first token show far
+    # more than the 50 distinct tokens a default top-k would allow.
+    model, tokenizer = tiny
+    torch.manual_seed(0)
+    groups = HFRolloutEngine(model, tokenizer).generate(["7 ="], n=512, max_new_tokens=1, temperature=1.0)
+    assert len({g.response_ids[0] for g in groups[0]}) > 100
