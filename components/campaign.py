@@ -126,7 +126,9 @@ class Campaign:
         if algo.uses_expert:
             parts.append(self.buffer.sample_expert(algo.expert_per_round, self.rng))
         rows = pa.concat_tables(parts).to_pylist()
-        return self.trainer.train(rows)
+        lr = self.trainer.round_lr(round_no, self.cfg.rounds)
+        self.trainer.set_lr(lr)
+        return {**self.trainer.train(rows), "train/lr": lr}
 
     def sync(self, round_no: int) -> dict[str, float]:
         """Push the trainer's weights to the explorer; bump the weight version."""

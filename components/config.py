@@ -99,11 +99,17 @@ class TrainerConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
     micro_batch_size: int = Field(128, gt=0, description="Rows per optimizer step.")
+    min_lr: float | None = Field(
+        None, gt=0, description="If set, the learning rate decays over the rounds from `lr` to this by a cosine; "
+        "None keeps `lr` constant.",
+    )
     epochs: int = Field(1, gt=0, description="Passes over each round's training rows (PPO epochs).")
     warmup_steps: int = Field(
         0, ge=0, description="Expert-only SFT steps before round 1 (a warm start; 0 = none)."
     )
-    warmup_lr: float | None = Field(None, gt=0, description="Learning rate of the warm start (default: `lr`).")
+    warmup_lr: float | None = Field(
+        None, gt=0, description="Peak learning rate of the warm start: a 5% linear ramp, then a cosine down to `lr`."
+    )
 
 
 class EvalConfig(_Section):

@@ -56,11 +56,11 @@ class HFRolloutEngine:
         for i, p in enumerate(prompts):
             input_ids[i, width - len(p):] = torch.tensor(p)
             attention[i, width - len(p):] = 1
-        # top_k=0 / top_p=1.0 explicitly: generate() replaces None with its defaults (top_k=50).
+        # Sampling sets top_k=0 / top_p=1.0 explicitly: generate() replaces None with its defaults (top_k=50).
+        sampling = {} if greedy else {"temperature": temperature, "top_k": 0, "top_p": 1.0}
         config = GenerationConfig(
-            max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=None if greedy else temperature,
-            top_k=0, top_p=1.0, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-            output_logits=True, return_dict_in_generate=True,
+            max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True, **sampling,
         )
         out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
         responses = out.sequences[:, width:]  # (N, S)

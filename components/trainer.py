@@ -99,6 +99,17 @@ class Trainer:
         clip = {"clip_low": a.clip_low, "clip_high": a.clip_high, "agg": a.agg}
         return {**clip, "mu": a.mu} if name == "mix" else clip
 
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def round_lr(self, round_no: int, rounds: int) -> float:
+        """``lr`` constant, or with ``min_lr`` a cosine from ``lr`` (round 1) to ``min_lr`` (last round)."""
+        lr, floor = self.cfg.lr, self.cfg.min_lr
+        if floor is None or rounds <= 1:
+            return lr
+        return floor + 0.5 * (lr - floor) * (1 + math.cos(math.pi * (round_no - 1) / (rounds - 1)))
+
     def train(self, rows: Sequence[Row]) -> dict[str, float]:
         """One round's update: advantages over explorer rows, then ``epochs`` shuffled passes in
         micro-batches, one optimizer step each. Returns metrics averaged over steps."""
@@ -144,15 +155,12 @@ class Trainer:
         pool = list(expert_rows)
         for step in range(steps):
             if step < ramp:
-                lr = peak * (step + 1) / ramp
+                self.set_lr(peak * (step + 1) / ramp)
             else:
-                lr = final + 0.5 * (peak - final) * (1 + math.cos(math.pi * (step - ramp) / max(1, steps - ramp)))
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                self.set_lr(final + 0.5 * (peak - final) * (1 + math.cos(math.pi * (step - ramp) / max(1, steps - ramp))))
             chunk = self.rng.sample(pool, min(self.cfg.micro_batch_size, len(pool)))
             last = self._step(chunk, torch.zeros(len(chunk)), "sft", {"agg": self.algorithm.agg})
             if progress is not None:
                 progress(step + 1, last)
-        for group in self.optimizer.param_groups:
-            group["lr"] = final
+        self.set_lr(final)
         return last
