@@ -37,7 +37,10 @@ class TasksetConfig(_Section):
         default_factory=dict, description="reasoning-gym dataset parameters (e.g. min_terms, max_digits)."
     )
     size: int = Field(20000, gt=0, description="Tasks drawn from a reasoning-gym generator (before dedupe).")
-    eval_size: int = Field(200, gt=0, description="Held-out tasks for greedy evaluation (disjoint from train).")
+    eval_size: int = Field(
+        200, gt=0, description="Held-out tasks for greedy evaluation: a uniform sample of the distinct tasks, "
+        "disjoint from train by question.",
+    )
     prompt_template: str = Field(
         "{question}",
         description="Python format string for the prompt; fields: `question`, `answer` and metadata keys "

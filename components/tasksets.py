@@ -125,27 +125,28 @@ def _to_task(entry: dict[str, Any], template: str) -> Task:
 
 
 def load_tasks(cfg: TasksetConfig, seed: int) -> tuple[list[Task], list[Task]]:
-    """(train, eval) tasks. reasoning-gym: eval from its own seed stream, train from another with
-    eval questions removed; files: shuffled with ``seed``, the first ``eval_size`` distinct questions
-    held out."""
+    """(train, eval): the distinct questions are shuffled with ``seed`` and the first ``eval_size``
+    held out, so the eval split is a uniform sample of distinct tasks, disjoint from train by question.
+    Train keeps the source's repeats (a generator's frequent tasks stay frequent in exploration)."""
     if cfg.source.startswith(REASONING_GYM_PREFIX):
-        name = cfg.source[len(REASONING_GYM_PREFIX):]
-        eval_entries = _reasoning_gym_entries(name, cfg.params, cfg.eval_size * 4, seed * 2 + 1)
-        train_entries = _reasoning_gym_entries(name, cfg.params, cfg.size, seed * 2)
+        entries = _reasoning_gym_entries(cfg.source[len(REASONING_GYM_PREFIX):], cfg.params, cfg.size, seed)
     else:
         entries = _file_entries(Path(cfg.source), cfg)
-        random.Random(seed).shuffle(entries)
-        eval_entries, train_entries = entries, entries
-    eval_tasks: dict[str, Task] = {}
-    for entry in eval_entries:
-        task = _to_task(entry, cfg.prompt_template)
-        eval_tasks.setdefault(task.task_id, task)
-        if len(eval_tasks) == cfg.eval_size:
-            break
-    train = [t for t in (_to_task(e, cfg.prompt_template) for e in train_entries) if t.task_id not in eval_tasks]
-    if not train:
-        raise TasksetError(f"taskset {cfg.source}: no training tasks left after holding out {len(eval_tasks)}")
-    return train, list(eval_tasks.values())
+    tasks = [_to_task(e, cfg.prompt_template) for e in entries]
+    distinct = list(dict.fromkeys(t.task_id for t in tasks))
+    random.Random(seed).shuffle(distinct)
+    held_out_ids = set(distinct[:cfg.eval_size])
+    if len(held_out_ids) == len(distinct):
+        raise TasksetError(
+            f"taskset {cfg.source}: {len(distinct)} distinct tasks leave none for training after holding out "
+            f"taskset.eval_size={cfg.eval_size}"
+        )
+    first = {}
+    for t in tasks:
+        first.setdefault(t.task_id, t)
+    held_out = [first[i] for i in distinct[:cfg.eval_size]]
+    train = [t for t in tasks if t.task_id not in held_out_ids]
+    return train, held_out
 
 
 def check_taskset(cfg: TasksetConfig) -> None:

@@ -16,14 +16,8 @@ from components.campaign import Campaign
 from components.config import CampaignConfig, load_config
 from components.tracking import Tracker
 from flows.progress import CampaignProgress
-from tasks.buffer import buffer
-from tasks.evaluate import evaluate
-from tasks.explore import explore
-from tasks.prepare import prepare
 from tasks.register import register
-from tasks.sync import sync
-from tasks.train import train, warm_start
-from tasks.verify import verify
+from tasks.stages import buffer, evaluate, explore, prepare, sync, train, verify, warm_start
 
 ROUND = (explore, verify, buffer, train, sync)
 
