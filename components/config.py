@@ -153,7 +153,7 @@ class CampaignConfig(_Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> CampaignConfig:
-        if self.algorithm.uses_expert and self.algorithm.expert_per_round == 0 and self.algorithm.name == "sft":
+        if self.algorithm.name == "sft" and self.algorithm.expert_per_round == 0:
             raise ValueError("algorithm.expert_per_round must be > 0 for `sft` (it trains on expert rows only)")
         return self
 
@@ -177,7 +177,9 @@ def _apply_override(data: dict, assignment: str) -> None:
 def _describe(error: ValidationError) -> str:
     """The first validation error as ``key.path: message (got value)``."""
     first = error.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "<config>"
+    key = ".".join(str(p) for p in first["loc"])
+    if not key:  # a cross-field check: its message names the keys
+        return first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         return f"unknown config key {key!r}"
     got = first.get("input")

@@ -33,3 +33,8 @@ def test_missing_config_file_and_bad_override():
         load_config("nope.yaml")
     with pytest.raises(ConfigError, match="expected key.path=value"):
         load_config(None, ["rounds"])
+
+
+def test_cross_field_check_names_the_keys():
+    with pytest.raises(ConfigError, match=r"algorithm\.expert_per_round must be > 0 for `sft`"):
+        load_config(None, ["algorithm.name=sft"])
