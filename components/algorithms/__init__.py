@@ -1,6 +1,8 @@
 """RFT algorithm parts: advantages, policy losses, KL estimators, aggregation, and a registry."""
 
-from components.algorithms.advantages import grpo_advantages
+from components.algorithms.advantages import (
+    gae_advantages, grpo_advantages, opmd_advantages, reinforce_pp_advantages, rloo_advantages,
+)
 from components.algorithms.aggregation import AGG_MODES, aggregate
 from components.algorithms.losses import KL_KINDS, LossInputs, kl_penalty, mix_loss, ppo_clip_loss, sft_loss
 from components.algorithms.registry import get_advantage, get_loss, known, register_advantage, register_loss
@@ -11,13 +13,17 @@ __all__ = [
     "LossInputs",
     "aggregate",
     "get_advantage",
+    "gae_advantages",
     "get_loss",
     "grpo_advantages",
     "kl_penalty",
     "known",
     "mix_loss",
+    "opmd_advantages",
     "ppo_clip_loss",
     "register_advantage",
     "register_loss",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
     "sft_loss",
 ]

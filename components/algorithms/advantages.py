@@ -16,26 +16,110 @@ def _group_index(group_ids: Sequence) -> tuple[torch.Tensor, int]:
     return torch.tensor(index, dtype=torch.long), len(dense)
 
 
+def _group_stats(values: torch.Tensor, index: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group count and mean of ``values``: (G,), (G,)."""
+    count = torch.zeros(n_groups).index_add_(0, index, torch.ones_like(values))  # (G,)
+    return count, torch.zeros(n_groups).index_add_(0, index, values) / count
+
+
+def _unbiased_std(centred: torch.Tensor) -> torch.Tensor:
+    """Unbiased std of already-centred values; 0 for fewer than two."""
+    return torch.sqrt((centred**2).sum() / max(centred.numel() - 1, 1))
+
+
 @register_advantage("grpo")
 def grpo_advantages(
-    rewards: torch.Tensor, group_ids: Sequence, *, eps: float = 1e-6, std_normalize: bool = True
+    rewards: torch.Tensor, group_ids: Sequence, *, eps: float = 1e-6, std_normalize: bool = True,
+    std_over: str = "group",
 ) -> torch.Tensor:
     """GRPO group-relative advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
     A_i = (r_i − mean_g(r)) / (std_g(r) + eps), std unbiased (like ``torch.std``) over the
-    responses of the same group g. With ``std_normalize=False``: A_i = r_i − mean_g(r)
-    (Dr. GRPO, arXiv:2503.20783). A group of one response has std 0 by convention (not NaN),
-    so its advantage is 0; a group whose rewards are all equal gets advantage 0.
+    responses of the same group g; ``std_over="batch"`` divides by the std of the whole batch's
+    rewards instead (Liu et al., "Part I: Tricks or Traps?", arXiv:2508.08221). With
+    ``std_normalize=False``: A_i = r_i − mean_g(r) (Dr. GRPO, arXiv:2503.20783). A group of one
+    response has std 0 by convention (not NaN), so its advantage is 0; a group whose rewards are
+    all equal gets advantage 0.
 
     rewards: (B,) float; group_ids: B hashable ids. Returns (B,).
     """
     rewards = rewards.to(torch.float32)  # (B,)
     index, n_groups = _group_index(group_ids)  # (B,)
-    count = torch.zeros(n_groups).index_add_(0, index, torch.ones_like(rewards))  # (G,)
-    mean = torch.zeros(n_groups).index_add_(0, index, rewards) / count  # (G,)
+    count, mean = _group_stats(rewards, index, n_groups)  # (G,), (G,)
     centred = rewards - mean[index]  # (B,)
     if not std_normalize:
         return centred
+    if std_over == "batch":
+        return centred / (_unbiased_std(rewards - rewards.mean()) + eps)
+    if std_over != "group":
+        raise ValueError(f"std_over must be 'group' or 'batch', got {std_over!r}")
     sq = torch.zeros(n_groups).index_add_(0, index, centred**2)  # (G,)
     std = torch.sqrt(sq / (count - 1).clamp(min=1.0))  # (G,) unbiased; 0 for groups of one
     return centred / (std[index] + eps)
+
+
+@register_advantage("rloo")
+def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence) -> torch.Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740).
+
+    A_i = r_i − (Σ_{j∈g, j≠i} r_j) / (G − 1) = G/(G − 1) · (r_i − mean_g(r)); 0 for a group of one.
+    """
+    rewards = rewards.to(torch.float32)  # (B,)
+    index, n_groups = _group_index(group_ids)
+    count, mean = _group_stats(rewards, index, n_groups)  # (G,), (G,)
+    G = count[index]  # (B,)
+    return torch.where(G > 1, G / (G - 1).clamp(min=1.0) * (rewards - mean[index]), torch.zeros_like(rewards))
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, group_ids: Sequence, *, baseline: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262; OpenRLHF ``reinforce`` / ``reinforce_baseline``).
+
+    A' = r − b with b = 0, or b = mean_g(r) with ``baseline``; then whitened over the batch:
+    A = (A' − mean_batch(A')) / (std_batch(A') + eps), std unbiased.
+    """
+    rewards = rewards.to(torch.float32)  # (B,)
+    shifted = rewards
+    if baseline:
+        index, n_groups = _group_index(group_ids)
+        shifted = rewards - _group_stats(rewards, index, n_groups)[1][index]  # (B,)
+    centred = shifted - shifted.mean()
+    return centred / (_unbiased_std(centred) + eps)
+
+
+@register_advantage("opmd")
+def opmd_advantages(rewards: torch.Tensor, group_ids: Sequence, *, tau: float = 1.0) -> torch.Tensor:
+    """Online policy mirror descent baseline (Trinity-RFT ``opmd``; Kimi k1.5, arXiv:2501.12599).
+
+    A_i = r_i − τ · log( mean_{j∈g} exp(r_j / τ) ): the group's soft-max value as the baseline.
+    """
+    rewards = rewards.to(torch.float32)  # (B,)
+    index, n_groups = _group_index(group_ids)
+    count, _ = _group_stats(rewards, index, n_groups)
+    shift = rewards.max()  # stabilises exp
+    summed = torch.zeros(n_groups).index_add_(0, index, torch.exp((rewards - shift) / tau))  # (G,)
+    baseline = shift + tau * torch.log(summed / count)  # (G,)
+    return rewards - baseline[index]
+
+
+def gae_advantages(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation for PPO with a critic (Schulman et al. 2016, arXiv:1506.02438).
+
+    δ_t = r_t + γ·V_{t+1} − V_t;  A_t = δ_t + γλ·A_{t+1}, with V and A zero past the last unmasked
+    token; returns R_t = A_t + V_t. All tensors (B, T); returns (advantages, returns), masked.
+    """
+    mask = mask.to(values.dtype)  # (B, T)
+    values = values * mask  # (B, T)
+    advantages = torch.zeros_like(values)  # (B, T)
+    next_value = torch.zeros_like(values[:, 0])  # (B,)
+    running = torch.zeros_like(values[:, 0])  # (B,)
+    for t in reversed(range(values.shape[1])):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
+        running = (delta + gamma * lam * running) * mask[:, t]  # (B,)
+        advantages[:, t] = running
+        next_value = values[:, t]
+    return advantages, (advantages + values) * mask
