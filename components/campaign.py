@@ -21,6 +21,7 @@ from components.config import CampaignConfig
 from components.models import load_model
 from components.rewards import make_reward_fn
 from components.rollout import HFRolloutEngine
+from components.sampling import drop_zero_variance_groups
 from components.storage import open_store
 from components.sync import MemoryWeightSync
 from components.tasksets import Task, load_tasks, select_tasks, tasks_from_table, tasks_to_table
@@ -120,15 +121,19 @@ class Campaign:
     def train(self, round_no: int) -> dict[str, float]:
         """Update the policy on this round's usual experiences (+ sampled expert rows, per algorithm)."""
         algo = self.cfg.algorithm
-        parts = []
+        parts, metrics = [], {}
         if algo.uses_explorer:
-            parts.append(self.buffer.read_usual(round_no))
+            usual = self.buffer.read_usual(round_no)
+            if algo.setting("dynamic_sampling"):
+                usual, dropped = drop_zero_variance_groups(usual)
+                metrics["sample/dropped_groups"] = float(dropped)
+            parts.append(usual)
         if algo.uses_expert:
             parts.append(self.buffer.sample_expert(algo.expert_per_round, self.rng))
         rows = pa.concat_tables(parts).to_pylist()
         lr = self.trainer.round_lr(round_no, self.cfg.rounds)
         self.trainer.set_lr(lr)
-        return {**self.trainer.train(rows), "train/lr": lr}
+        return {**self.trainer.train(rows), **metrics, "train/lr": lr}
 
     def sync(self, round_no: int) -> dict[str, float]:
         """Push the trainer's weights to the explorer; bump the weight version."""

@@ -67,18 +67,56 @@ class ExplorerConfig(_Section):
     batch_size: int = Field(256, gt=0, description="Sequences generated per forward batch.")
 
 
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+# Presets: which advantage and policy loss each named algorithm uses, with its defaults.
+# Every entry can be overridden by the `algorithm.*` key of the same name.
+ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
+    "sft": dict(advantage=None, loss="sft", agg="token-mean", uses_explorer=False, uses_expert=True),
+    "grpo": dict(advantage="grpo", loss="ppo_clip", agg="token-mean"),
+    # Dr. GRPO (arXiv:2503.20783): no std division, constant length normaliser.
+    "dr_grpo": dict(advantage="grpo", advantage_options={"std_normalize": False}, loss="ppo_clip",
+                    agg="seq-mean-token-sum-norm"),
+    # DAPO (arXiv:2503.14476): clip-higher, token-level loss, dynamic sampling.
+    "dapo": dict(advantage="grpo", loss="ppo_clip", clip_high=0.28, agg="token-mean", dynamic_sampling=True),
+    "rloo": dict(advantage="rloo", loss="ppo_clip", agg="token-mean"),
+    "reinforce_pp": dict(advantage="reinforce_pp", advantage_options={"baseline": True}, loss="ppo_clip",
+                         agg="token-mean"),
+    # GSPO (arXiv:2507.18071): sequence-level ratio, tiny clip range, sequence-mean loss.
+    "gspo": dict(advantage="grpo", loss="ppo_clip", ratio_level="sequence", clip_low=3e-4, clip_high=4e-4,
+                 agg="seq-mean-token-mean"),
+    "mix": dict(advantage="grpo", loss="mix", agg="token-mean", uses_expert=True),
+}
+_PRESET_DEFAULTS: dict[str, Any] = dict(
+    advantage_options={}, clip_low=0.2, clip_high=0.2, dual_clip=None, ratio_level="token", dynamic_sampling=False,
+    uses_explorer=True, uses_expert=False,
+)
+
+
 class AlgorithmConfig(_Section):
-    name: Literal["sft", "grpo", "mix"] = Field(
+    name: Literal["sft", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "mix"] = Field(
         "mix",
-        description="`sft`: NLL on expert rows only; `grpo`: PPO-clip with group-relative advantages on "
-        "explorer rows; `mix`: (1 − mu)·GRPO on explorer rows + mu·SFT on expert rows.",
+        description="A preset (see ALGORITHM_PRESETS): `sft` NLL on expert rows only; `grpo`, `dr_grpo`, "
+        "`dapo`, `rloo`, `reinforce_pp`, `gspo`: PPO-clip on explorer rows with that advantage/clip/aggregation; "
+        "`mix`: (1 − mu)·GRPO on explorer rows + mu·SFT on expert rows. Keys left unset take the preset's value.",
     )
+    advantage: str | None = Field(None, description="Registered advantage function (overrides the preset's).")
+    advantage_options: dict[str, Any] | None = Field(
+        None, description="Keyword options of the advantage function, e.g. {std_normalize: false}."
+    )
+    loss: str | None = Field(None, description="Registered policy loss: `ppo_clip`, `sft`, `mix` or your own.")
     mu: float = Field(0.1, ge=0, le=1, description="MIX: weight of the SFT term on expert rows.")
-    clip_low: float = Field(0.2, ge=0, description="PPO: lower clip ε (ratio ≥ 1 − ε).")
-    clip_high: float = Field(0.2, ge=0, description="PPO: upper clip ε (ratio ≤ 1 + ε; > clip_low = DAPO clip-higher).")
-    std_normalize: bool = Field(True, description="GRPO: divide by the group's std (False = Dr. GRPO).")
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="Loss aggregation over tokens and rows (see components.algorithms.aggregation)."
+    clip_low: float | None = Field(None, ge=0, description="PPO: lower clip ε (ratio ≥ 1 − ε); preset default 0.2.")
+    clip_high: float | None = Field(
+        None, ge=0, description="PPO: upper clip ε (ratio ≤ 1 + ε); above clip_low = DAPO clip-higher."
+    )
+    dual_clip: float | None = Field(None, gt=1, description="PPO dual clip c > 1 for negative advantages (off: None).")
+    ratio_level: Literal["token", "sequence"] | None = Field(
+        None, description="Importance ratio per token (PPO) or per sequence, exp(mean log-ratio) (GSPO)."
+    )
+    agg: AggMode | None = Field(None, description="Loss aggregation (see components.algorithms.aggregation).")
+    dynamic_sampling: bool | None = Field(
+        None, description="Drop groups whose rewards are all equal before training (DAPO); they carry no signal."
     )
     expert_tasks: int = Field(
         0, ge=0, description="Train tasks that get an expert demonstration (their gold answer); 0 = all. "
@@ -88,13 +126,25 @@ class AlgorithmConfig(_Section):
         0, ge=0, description="Expert rows (gold demonstrations) sampled into each round's training data."
     )
 
+    def setting(self, key: str) -> Any:
+        """The effective value of ``key``: set in config, else the preset's, else the common default."""
+        own = getattr(self, key) if key in type(self).model_fields else None
+        if own is not None:
+            return own
+        return ALGORITHM_PRESETS[self.name].get(key, _PRESET_DEFAULTS.get(key))
+
     @property
     def uses_explorer(self) -> bool:
-        return self.name != "sft"
+        return self.setting("uses_explorer")
 
     @property
     def uses_expert(self) -> bool:
-        return self.name in ("sft", "mix")
+        return self.setting("uses_expert")
+
+    def loss_options(self) -> dict[str, Any]:
+        """Keyword options every registered policy loss receives (each uses the ones it needs)."""
+        return {**{k: self.setting(k) for k in ("clip_low", "clip_high", "dual_clip", "ratio_level", "agg")},
+                "mu": self.mu}
 
 
 class TrainerConfig(_Section):

@@ -22,8 +22,6 @@ from components.algorithms import LossInputs, get_advantage, get_loss
 from components.config import AlgorithmConfig, TrainerConfig
 
 Row = Mapping[str, Any]
-# Which registered loss and which options each algorithm uses.
-ALGORITHM_LOSS = {"sft": "sft", "grpo": "ppo_clip", "mix": "mix"}
 
 
 def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
@@ -92,13 +90,6 @@ class Trainer:
         self.steps += 1
         return {**metrics, "loss/total": float(loss.detach()), "train/grad_norm": float(grad_norm)}
 
-    def _loss_options(self, name: str) -> dict[str, Any]:
-        a = self.algorithm
-        if name == "sft":
-            return {"agg": a.agg}
-        clip = {"clip_low": a.clip_low, "clip_high": a.clip_high, "agg": a.agg}
-        return {**clip, "mu": a.mu} if name == "mix" else clip
-
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -115,15 +106,16 @@ class Trainer:
         micro-batches, one optimizer step each. Returns metrics averaged over steps."""
         rows = list(rows)
         if not rows:
-            return {}
-        loss_name = ALGORITHM_LOSS[self.algorithm.name]
+            return {"train/steps": 0.0}
+        algo = self.algorithm
+        loss_name, options = algo.setting("loss"), algo.loss_options()
         explorer_idx = [i for i, r in enumerate(rows) if r["source"] == "explorer"]
         advantages = torch.zeros(len(rows))  # (N,) expert rows keep 0: their term is SFT
-        if explorer_idx and loss_name != "sft":
+        if explorer_idx and algo.setting("advantage"):
             rewards = torch.tensor([rows[i]["reward"] for i in explorer_idx])
             groups = [rows[i]["group_id"] for i in explorer_idx]
-            advantages[explorer_idx] = get_advantage("grpo")(
-                rewards, groups, std_normalize=self.algorithm.std_normalize
+            advantages[explorer_idx] = get_advantage(algo.setting("advantage"))(
+                rewards, groups, **algo.setting("advantage_options")
             )
         start, sums, tokens = time.perf_counter(), defaultdict(float), 0
         n_steps = 0
@@ -133,7 +125,7 @@ class Trainer:
             for s in range(0, len(order), self.cfg.micro_batch_size):
                 idx = order[s:s + self.cfg.micro_batch_size]
                 chunk = [rows[i] for i in idx]
-                for k, v in self._step(chunk, advantages[idx], loss_name, self._loss_options(loss_name)).items():
+                for k, v in self._step(chunk, advantages[idx], loss_name, options).items():
                     sums[k] += v
                 tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in chunk)
                 n_steps += 1
@@ -159,7 +151,7 @@ class Trainer:
             else:
                 self.set_lr(final + 0.5 * (peak - final) * (1 + math.cos(math.pi * (step - ramp) / max(1, steps - ramp))))
             chunk = self.rng.sample(pool, min(self.cfg.micro_batch_size, len(pool)))
-            last = self._step(chunk, torch.zeros(len(chunk)), "sft", {"agg": self.algorithm.agg})
+            last = self._step(chunk, torch.zeros(len(chunk)), "sft", {"agg": "token-mean"})
             if progress is not None:
                 progress(step + 1, last)
         self.set_lr(final)

@@ -35,6 +35,7 @@ def run(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
     """Run a campaign to the end and print its summary."""
+    from components.algorithms import check_algorithm
     from components.config import ConfigError, load_config
     from components.tasksets import TasksetError, check_taskset
 
@@ -44,6 +45,7 @@ def run(
     try:
         cfg = load_config(config or DEFAULT_CONFIG, overrides)
         check_taskset(cfg.taskset)
+        check_algorithm(cfg.algorithm)
     except (ConfigError, TasksetError) as e:
         _fail(str(e))
     out = run_dir or Path("runs") / cfg.name

@@ -5,13 +5,14 @@ from components.algorithms.advantages import (
 )
 from components.algorithms.aggregation import AGG_MODES, aggregate
 from components.algorithms.losses import KL_KINDS, LossInputs, kl_penalty, mix_loss, ppo_clip_loss, sft_loss
-from components.algorithms.registry import get_advantage, get_loss, known, register_advantage, register_loss
+from components.algorithms.registry import check_algorithm, get_advantage, get_loss, known, register_advantage, register_loss
 
 __all__ = [
     "AGG_MODES",
     "KL_KINDS",
     "LossInputs",
     "aggregate",
+    "check_algorithm",
     "get_advantage",
     "gae_advantages",
     "get_loss",

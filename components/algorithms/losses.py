@@ -34,6 +34,7 @@ def ppo_clip_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
+    ratio_level: str = "token",
     agg: str = "token-mean",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347; clip-higher from DAPO,
@@ -41,10 +42,18 @@ def ppo_clip_loss(
 
     r = exp(logprobs − old_logprobs);  l = max(−A·r, −A·clip(r, 1 − clip_low, 1 + clip_high));
     with ``dual_clip=c`` (c > 1), for A < 0: l = min(l, −A·c). Aggregated with ``agg``.
+    ``ratio_level="sequence"`` (GSPO, arXiv:2507.18071): every token of a row uses the row's
+    r = exp(Σ_t m·(logprobs − old_logprobs) / Σ_t m).
     """
     mask = mask.to(logprobs.dtype)  # (B, T)
     adv = _per_token(advantages, logprobs)  # (B, T)
-    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # (B, T) keeps exp finite
+    log_ratio = logprobs - old_logprobs  # (B, T)
+    if ratio_level == "sequence":
+        per_row = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,)
+        log_ratio = per_row.unsqueeze(-1).expand_as(logprobs)  # (B, T)
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
+    log_ratio = log_ratio.clamp(-20.0, 20.0)  # (B, T) keeps exp finite
     ratio = torch.exp(log_ratio)  # (B, T)
     unclipped = -adv * ratio  # (B, T)
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (B, T)
@@ -123,17 +132,21 @@ class LossInputs:
 
 
 @register_loss("ppo_clip")
-def _ppo_clip(x: LossInputs, **options) -> tuple[torch.Tensor, dict[str, float]]:
-    loss, metrics = ppo_clip_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, **options)
+def _ppo_clip(x: LossInputs, *, clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+              ratio_level: str = "token", agg: str = "token-mean", **_) -> tuple[torch.Tensor, dict[str, float]]:
+    loss, metrics = ppo_clip_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, clip_low=clip_low,
+                                  clip_high=clip_high, dual_clip=dual_clip, ratio_level=ratio_level, agg=agg)
     return loss, {**metrics, "loss/policy": float(loss.detach())}
 
 
 @register_loss("sft")
-def _sft(x: LossInputs, *, agg: str = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+def _sft(x: LossInputs, *, agg: str = "token-mean", **_) -> tuple[torch.Tensor, dict[str, float]]:
     loss = sft_loss(x.logprobs, x.mask, agg=agg)
     return loss, {"loss/sft": float(loss.detach())}
 
 
 @register_loss("mix")
-def _mix(x: LossInputs, **options) -> tuple[torch.Tensor, dict[str, float]]:
-    return mix_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, x.is_expert, **options)
+def _mix(x: LossInputs, *, mu: float = 0.1, clip_low: float = 0.2, clip_high: float = 0.2, agg: str = "token-mean",
+         **_) -> tuple[torch.Tensor, dict[str, float]]:
+    return mix_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, x.is_expert, mu=mu, clip_low=clip_low,
+                    clip_high=clip_high, agg=agg)

@@ -60,3 +60,16 @@ def get_loss(name: str) -> Callable:
 def known(kind: str) -> list[str]:
     """Registered names of ``kind`` (``advantages`` or ``losses``)."""
     return sorted(_REGISTRIES[kind])
+
+
+def check_algorithm(algorithm) -> None:
+    """Fail fast (``ConfigError``) if the config names an advantage or loss nobody registered."""
+    from components.config import ConfigError
+
+    for kind, key in (("advantages", "advantage"), ("losses", "loss")):
+        name = algorithm.setting(key)
+        if name is not None:
+            try:
+                _lookup(kind, name)
+            except KeyError as e:
+                raise ConfigError(f"config key 'algorithm.{key}': {e.args[0]}") from None

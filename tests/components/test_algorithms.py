@@ -118,3 +118,14 @@ def test_registry_finds_registered_functions_and_lists_known_names():
     assert get_loss("mix") is not None
     with pytest.raises(KeyError, match="known: .*grpo"):
         get_advantage("nope")
+
+
+def test_gspo_sequence_ratio_is_the_geometric_mean_of_token_ratios():
+    # row ratios 1.5 and 0.5 → s = exp((ln 1.5 + ln 0.5)/2) = sqrt(.75) = .8660, inside [.8, 1.2]: l = −s
+    logprobs = torch.log(torch.tensor([[1.5, 0.5]]))
+    loss, _ = ppo_clip_loss(logprobs, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2),
+                            ratio_level="sequence", agg="seq-mean-token-mean")
+    assert_close(loss, torch.tensor(-math.sqrt(0.75)))
+    # the same ratios token by token: −(1.2 + .5)/2 (1.5 is clipped to 1.2)
+    token, _ = ppo_clip_loss(logprobs, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2))
+    assert_close(token, torch.tensor(-0.85))

@@ -1,0 +1,40 @@
+"""Algorithm presets: chosen by name, every part overridable, unknown names listed."""
+
+import pyarrow as pa
+import pytest
+
+from components.algorithms import check_algorithm
+from components.config import ALGORITHM_PRESETS, AlgorithmConfig, ConfigError, load_config
+from components.sampling import drop_zero_variance_groups
+
+
+def test_presets_resolve_and_config_keys_override_them():
+    dapo = AlgorithmConfig(name="dapo")
+    assert dapo.setting("clip_high") == 0.28 and dapo.setting("clip_low") == 0.2 and dapo.setting("dynamic_sampling")
+    assert AlgorithmConfig(name="dapo", clip_high=0.3).setting("clip_high") == 0.3
+    dr = AlgorithmConfig(name="dr_grpo")
+    assert dr.setting("advantage_options") == {"std_normalize": False} and dr.setting("agg") == "seq-mean-token-sum-norm"
+    custom = AlgorithmConfig(name="grpo", advantage="rloo", agg="seq-mean-token-mean")
+    assert custom.setting("advantage") == "rloo" and custom.loss_options()["agg"] == "seq-mean-token-mean"
+    assert not AlgorithmConfig(name="sft").uses_explorer and AlgorithmConfig(name="mix").uses_expert
+
+
+def test_every_preset_names_registered_parts():
+    for name in ALGORITHM_PRESETS:
+        check_algorithm(AlgorithmConfig(name=name))
+
+
+def test_unknown_advantage_or_loss_fails_with_the_known_names():
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage.*unknown advantage 'nope'; known: .*rloo"):
+        check_algorithm(load_config(None, ["algorithm.advantage=nope"]).algorithm)
+    with pytest.raises(ConfigError, match=r"algorithm\.loss.*known: mix, ppo_clip, sft"):
+        check_algorithm(load_config(None, ["algorithm.loss=nope"]).algorithm)
+    with pytest.raises(ConfigError, match=r"algorithm\.name"):
+        load_config(None, ["algorithm.name=magic"])
+
+
+def test_dynamic_sampling_drops_groups_with_equal_rewards():
+    table = pa.table({"group_id": ["a", "a", "b", "b", "c"], "reward": [1.0, 1.0, 0.0, 1.0, 0.5]})
+    kept, dropped = drop_zero_variance_groups(table)
+    assert dropped == 2  # a (all 1) and c (a group of one)
+    assert kept.column("group_id").to_pylist() == ["b", "b"]
