@@ -21,7 +21,7 @@ from components.config import CampaignConfig
 from components.models import load_model
 from components.rewards import make_reward_fn
 from components.rollout import HFRolloutEngine
-from components.sampling import drop_zero_variance_groups
+from components.sampling import drop_stale, drop_zero_variance_groups
 from components.storage import open_store
 from components.sync import MemoryWeightSync
 from components.tasksets import Task, load_tasks, select_tasks, tasks_from_table, tasks_to_table
@@ -124,6 +124,9 @@ class Campaign:
         parts, metrics = [], {}
         if algo.uses_explorer:
             usual = self.buffer.read_usual(round_no)
+            if algo.max_staleness is not None:
+                usual, stale = drop_stale(usual, self.weights.version, algo.max_staleness)
+                metrics["sample/dropped_stale"] = float(stale)
             if algo.setting("dynamic_sampling"):
                 usual, dropped = drop_zero_variance_groups(usual)
                 metrics["sample/dropped_groups"] = float(dropped)

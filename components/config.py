@@ -118,6 +118,19 @@ class AlgorithmConfig(_Section):
     dynamic_sampling: bool | None = Field(
         None, description="Drop groups whose rewards are all equal before training (DAPO); they carry no signal."
     )
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight β of KL(π ‖ π_ref) against a frozen reference model (the policy when the "
+        "rounds start); 0 = no reference model.",
+    )
+    kl_kind: Literal["k1", "k2", "k3", "low_var_kl"] = Field("low_var_kl", description="KL estimator (see kl_penalty).")
+    kl_mode: Literal["loss", "reward"] = Field(
+        "loss", description="`loss`: add β·KL to the loss (GRPO); `reward`: subtract β·Σ_t KL_t from each "
+        "explorer row's reward before advantages (PPO/RLHF style).",
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus: subtract this × mean token entropy from the loss.")
+    max_staleness: int | None = Field(
+        None, ge=0, description="Drop explorer experiences produced more than this many weight versions ago."
+    )
     expert_tasks: int = Field(
         0, ge=0, description="Train tasks that get an expert demonstration (their gold answer); 0 = all. "
         "Fewer than all leaves tasks that only the explorer's reward can teach, as when demonstrations are scarce.",

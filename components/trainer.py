@@ -7,6 +7,7 @@ rollout engine saw it. The response log-probs are read from logits[:, P−1 : P+
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -18,7 +19,7 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedModel
 
-from components.algorithms import LossInputs, get_advantage, get_loss
+from components.algorithms import LossInputs, entropy_from_logits, get_advantage, get_loss, kl_penalty, regularized
 from components.config import AlgorithmConfig, TrainerConfig
 
 Row = Mapping[str, Any]
@@ -44,15 +45,24 @@ def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
             "response_ids": input_ids[:, P:], "mask": mask, "prompt_len": torch.tensor(P)}
 
 
-def response_logprobs(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
-    """log π(response token | prefix) for every response position: (B, R)."""
+def response_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
+    """Logits that predict each response token, divided by ``temperature``: (B, R, V)."""
     P = int(batch["prompt_len"])
     logits = model(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
     ).logits  # (B, P+R, V)
     R = batch["response_ids"].shape[1]
-    logits = logits[:, P - 1:P + R - 1].float() / temperature  # (B, R, V)
-    return torch.log_softmax(logits, -1).gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1)  # (B, R)
+    return logits[:, P - 1:P + R - 1].float() / temperature  # (B, R, V)
+
+
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[ids]: (B, R, V), (B, R) → (B, R)."""
+    return torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def response_logprobs(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
+    """log π(response token | prefix) for every response position: (B, R)."""
+    return token_logprobs(response_logits(model, batch, temperature), batch["response_ids"])
 
 
 class Trainer:
@@ -66,6 +76,27 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.rng = random.Random(seed)
         self.steps = 0
+        self.ref_model: PreTrainedModel | None = None  # frozen copy, made when the RL rounds start
+
+    def _reference(self) -> None:
+        """Freeze the current policy as the reference model (once), if the algorithm uses KL."""
+        if self.algorithm.kl_coef > 0 and self.ref_model is None:
+            self.ref_model = copy.deepcopy(self.unwrapped).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def _kl_penalised_rewards(self, rows: Sequence[Row]) -> list[float]:
+        """reward − β · Σ_t KL_t(behaviour ‖ reference) for each explorer row (``kl_mode: reward``)."""
+        out = []
+        for s in range(0, len(rows), self.cfg.micro_batch_size):
+            chunk = rows[s:s + self.cfg.micro_batch_size]
+            batch = batch_tensors(chunk, self.pad_id)
+            ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
+            old = torch.zeros_like(ref)  # (B, R)
+            for i, r in enumerate(chunk):
+                old[i, :len(r["response_ids"])] = torch.tensor(r["response_logprobs"])
+            kl = (kl_penalty(old, ref, self.algorithm.kl_kind) * batch["mask"]).sum(-1)  # (B,)
+            out.extend(float(r["reward"]) - self.algorithm.kl_coef * float(k) for r, k in zip(chunk, kl))
+        return out
 
     @property
     def unwrapped(self) -> PreTrainedModel:
@@ -73,7 +104,8 @@ class Trainer:
 
     def _step(self, rows: Sequence[Row], advantages: torch.Tensor, loss_name: str, options: dict) -> dict[str, float]:
         batch = {k: v.to(self.accelerator.device) for k, v in batch_tensors(rows, self.pad_id).items()}
-        logprobs = response_logprobs(self.model, batch, self.temperature)  # (B, R)
+        logits = response_logits(self.model, batch, self.temperature)  # (B, R, V)
+        logprobs = token_logprobs(logits, batch["response_ids"])  # (B, R)
         old = torch.zeros_like(logprobs)  # (B, R) behaviour log-probs; current ones for expert rows
         for i, r in enumerate(rows):
             behaviour = r.get("response_logprobs")
@@ -83,6 +115,16 @@ class Trainer:
         is_expert = torch.tensor([r["source"] != "explorer" for r in rows], device=logprobs.device)  # (B,)
         inputs = LossInputs(logprobs, old, advantages.to(logprobs.device), batch["mask"], is_expert)
         loss, metrics = get_loss(loss_name)(inputs, **options)
+        algo = self.algorithm
+        ref = None
+        if self.ref_model is not None and algo.kl_mode == "loss":
+            with torch.no_grad():
+                ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
+        entropy = entropy_from_logits(logits if algo.entropy_coef else logits.detach())  # (B, R)
+        loss, extra = regularized(loss, logprobs, batch["mask"], ref_logprobs=ref, kl_coef=algo.kl_coef,
+                                  kl_kind=algo.kl_kind, entropy=entropy, entropy_coef=algo.entropy_coef,
+                                  agg=options.get("agg", "token-mean"))
+        metrics = {**metrics, **extra}
         self.optimizer.zero_grad()
         self.accelerator.backward(loss)
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
@@ -111,9 +153,16 @@ class Trainer:
         loss_name, options = algo.setting("loss"), algo.loss_options()
         explorer_idx = [i for i, r in enumerate(rows) if r["source"] == "explorer"]
         advantages = torch.zeros(len(rows))  # (N,) expert rows keep 0: their term is SFT
+        self._reference()
+        metrics_extra: dict[str, float] = {}
         if explorer_idx and algo.setting("advantage"):
-            rewards = torch.tensor([rows[i]["reward"] for i in explorer_idx])
-            groups = [rows[i]["group_id"] for i in explorer_idx]
+            explorer_rows = [rows[i] for i in explorer_idx]
+            if self.ref_model is not None and algo.kl_mode == "reward":
+                rewards = torch.tensor(self._kl_penalised_rewards(explorer_rows))
+                metrics_extra["reward/kl_penalised_mean"] = float(rewards.mean())
+            else:
+                rewards = torch.tensor([r["reward"] for r in explorer_rows])
+            groups = [r["group_id"] for r in explorer_rows]
             advantages[explorer_idx] = get_advantage(algo.setting("advantage"))(
                 rewards, groups, **algo.setting("advantage_options")
             )
@@ -129,7 +178,7 @@ class Trainer:
                     sums[k] += v
                 tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in chunk)
                 n_steps += 1
-        metrics = {k: v / n_steps for k, v in sums.items()}
+        metrics = {**{k: v / n_steps for k, v in sums.items()}, **metrics_extra}
         metrics["train/steps"] = float(n_steps)
         metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
         return metrics

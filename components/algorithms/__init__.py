@@ -4,7 +4,9 @@ from components.algorithms.advantages import (
     gae_advantages, grpo_advantages, opmd_advantages, reinforce_pp_advantages, rloo_advantages,
 )
 from components.algorithms.aggregation import AGG_MODES, aggregate
-from components.algorithms.losses import KL_KINDS, LossInputs, kl_penalty, mix_loss, ppo_clip_loss, sft_loss
+from components.algorithms.losses import (
+    KL_KINDS, LossInputs, entropy_from_logits, kl_penalty, mix_loss, ppo_clip_loss, regularized, sft_loss,
+)
 from components.algorithms.registry import check_algorithm, get_advantage, get_loss, known, register_advantage, register_loss
 
 __all__ = [
@@ -13,6 +15,7 @@ __all__ = [
     "LossInputs",
     "aggregate",
     "check_algorithm",
+    "entropy_from_logits",
     "get_advantage",
     "gae_advantages",
     "get_loss",
@@ -23,6 +26,7 @@ __all__ = [
     "opmd_advantages",
     "ppo_clip_loss",
     "register_advantage",
+    "regularized",
     "register_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",

@@ -120,6 +120,34 @@ def mix_loss(
     return loss, {**metrics, "loss/policy": float(policy.detach()), "loss/sft": float(sft.detach())}
 
 
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy H = −Σ_v p_v log p_v of logits (B, T, V) → (B, T)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def regularized(
+    loss: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor, *, ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0, kl_kind: str = "low_var_kl", entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0, agg: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """loss + kl_coef · agg(KL_kind(π ‖ π_ref)) − entropy_coef · agg(H(π)) (GRPO's KL-in-loss,
+    Shao et al. 2024; the entropy bonus of PPO, Schulman et al. 2017). Terms with coefficient 0
+    (or no reference / entropy given) are left out; their values are still reported when given."""
+    metrics: dict[str, float] = {}
+    if ref_logprobs is not None:
+        kl = aggregate(kl_penalty(logprobs, ref_logprobs, kl_kind), mask, agg)
+        metrics[f"kl/{kl_kind}"] = float(kl.detach())
+        if kl_coef:
+            loss = loss + kl_coef * kl
+    if entropy is not None:
+        h = aggregate(entropy, mask, agg)
+        metrics["policy/entropy"] = float(h.detach())
+        if entropy_coef:
+            loss = loss - entropy_coef * h
+    return loss, metrics
+
+
 @dataclass
 class LossInputs:
     """Everything a registered policy loss may read; tensors as in the module docstring."""

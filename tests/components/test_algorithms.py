@@ -129,3 +129,23 @@ def test_gspo_sequence_ratio_is_the_geometric_mean_of_token_ratios():
     # the same ratios token by token: −(1.2 + .5)/2 (1.5 is clipped to 1.2)
     token, _ = ppo_clip_loss(logprobs, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2))
     assert_close(token, torch.tensor(-0.85))
+
+
+def test_entropy_of_uniform_logits_is_log_vocab():
+    from components.algorithms import entropy_from_logits
+
+    assert_close(entropy_from_logits(torch.zeros(2, 3, 7)), torch.full((2, 3), math.log(7)))
+
+
+def test_regularized_adds_kl_and_subtracts_entropy_bonus():
+    from components.algorithms import regularized
+
+    logprobs = torch.tensor([[0.0, -1.0]])
+    ref = torch.tensor([[0.5, -1.0]])  # d = [−.5, 0]; k1 token-mean = −.25
+    entropy = torch.tensor([[1.0, 3.0]])  # token-mean 2
+    loss, metrics = regularized(torch.tensor(1.0), logprobs, torch.ones(1, 2), ref_logprobs=ref, kl_coef=0.1,
+                                kl_kind="k1", entropy=entropy, entropy_coef=0.01)
+    assert_close(loss, torch.tensor(1.0 + 0.1 * -0.25 - 0.01 * 2.0))
+    assert metrics == {"kl/k1": pytest.approx(-0.25), "policy/entropy": pytest.approx(2.0)}
+    untouched, _ = regularized(torch.tensor(1.0), logprobs, torch.ones(1, 2), ref_logprobs=ref, kl_kind="k2")
+    assert_close(untouched, torch.tensor(1.0))  # coefficient 0: reported, not added

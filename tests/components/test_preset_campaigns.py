@@ -35,3 +35,23 @@ def test_preset_runs_two_rounds(preset, tmp_path):
         assert campaign.sync(r)["sync/weight_version"] == r + 1  # the warm start synced once
     expected = {"sft": "loss/sft", "mix": "loss/sft", "dapo": "sample/dropped_groups"}.get(preset, "loss/policy")
     assert expected in metrics
+
+
+def test_kl_entropy_and_staleness_options_run_in_a_campaign(tmp_path):
+    cfg = load_config(CONFIG, [
+        "name=reg", "algorithm.name=grpo", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.001",
+        "algorithm.max_staleness=0", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2",
+        "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
+    ])
+    campaign = Campaign(cfg, tmp_path)
+    campaign.prepare()
+    campaign.warm_start()
+    for r in (1, 2):
+        campaign.explore(r)
+        campaign.verify(r)
+        campaign.store_round(r)
+        metrics = campaign.train(r)
+        campaign.sync(r)
+    # on-policy: every row is from the current version, none is stale
+    assert metrics["sample/dropped_stale"] == 0 and metrics["train/steps"] == 1
+    assert metrics["kl/low_var_kl"] >= 0 and metrics["policy/entropy"] > 0

@@ -38,3 +38,11 @@ def test_dynamic_sampling_drops_groups_with_equal_rewards():
     kept, dropped = drop_zero_variance_groups(table)
     assert dropped == 2  # a (all 1) and c (a group of one)
     assert kept.column("group_id").to_pylist() == ["b", "b"]
+
+
+def test_staleness_limit_drops_old_experiences():
+    from components.sampling import drop_stale
+
+    table = pa.table({"model_version": [1, 2, 3, 4, 5]})
+    kept, dropped = drop_stale(table, current_version=5, max_staleness=2)
+    assert kept.column("model_version").to_pylist() == [3, 4, 5] and dropped == 2

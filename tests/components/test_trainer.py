@@ -36,3 +36,48 @@ def test_sft_steps_change_the_weights_and_lower_the_loss(tiny):
         last = trainer.train(rows)["loss/sft"]
     assert last < first / 2
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+
+
+def _explorer_rows(model, tokenizer):
+    """Two groups of two sampled responses with their behaviour log-probs and mixed rewards."""
+    from components.trainer import batch_tensors, response_logprobs
+
+    rows = []
+    for g, prompt in enumerate(["1 + 1 =", "2 + 5 ="]):
+        for k, answer in enumerate(["2", "7"]):
+            row = _expert_row(tokenizer, prompt, answer)
+            row.update(source="explorer", group_id=f"g{g}", reward=float(k == g))
+            rows.append(row)
+    with torch.no_grad():
+        lp = response_logprobs(model, batch_tensors(rows, tokenizer.pad_token_id))
+    for i, r in enumerate(rows):
+        r["response_logprobs"] = lp[i, :len(r["response_ids"])].tolist()
+    return rows
+
+
+def test_kl_loss_uses_a_frozen_reference_and_grows_as_the_policy_moves(tiny):
+    model, tokenizer = tiny
+    policy = copy.deepcopy(model)
+    trainer = Trainer(policy, tokenizer.pad_token_id, TrainerConfig(lr=5e-3, micro_batch_size=4),
+                      AlgorithmConfig(name="grpo", kl_coef=0.1, kl_kind="k3", entropy_coef=0.01))
+    rows = _explorer_rows(model, tokenizer)
+    first = trainer.train(rows)
+    assert first["kl/k3"] == pytest.approx(0.0, abs=1e-5)  # reference = policy at the first step
+    ref_before = [p.clone() for p in trainer.ref_model.parameters()]
+    for _ in range(5):
+        last = trainer.train(rows)
+    assert last["kl/k3"] > 1e-4 and "policy/entropy" in last
+    assert all(torch.equal(a, b) for a, b in zip(ref_before, trainer.ref_model.parameters()))
+
+
+def test_kl_in_reward_subtracts_beta_times_summed_kl(tiny):
+    model, tokenizer = tiny
+    trainer = Trainer(copy.deepcopy(model), tokenizer.pad_token_id, TrainerConfig(lr=1e-4, micro_batch_size=4),
+                      AlgorithmConfig(name="grpo", kl_coef=0.2, kl_kind="k1", kl_mode="reward"))
+    rows = _explorer_rows(model, tokenizer)
+    for r in rows:  # behaviour log-probs 0.5 above the reference's on every token: k1 = 0.5 per token
+        r["response_logprobs"] = [v + 0.5 for v in r["response_logprobs"]]
+    expected = sum(r["reward"] - 0.2 * 0.5 * len(r["response_ids"]) for r in rows) / len(rows)
+    metrics = trainer.train(rows)
+    assert metrics["reward/kl_penalised_mean"] == pytest.approx(expected, abs=1e-4)
+    assert "kl/k1" not in metrics  # not also a loss term
