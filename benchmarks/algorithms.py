@@ -6,6 +6,7 @@ same number of rows (1024 by default): `mix` 256 explorer rows + 768 demonstrati
 
     python benchmarks/algorithms.py                       # sft, grpo, mix at the default budget
     python benchmarks/algorithms.py --rounds 20 --warmup-steps 1500 --algorithms sft,grpo,mix,dr_grpo
+    python benchmarks/algorithms.py --algorithms grpo --set trainer.lr=5e-5   # any config override
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def budget(algorithm: str, rows_per_round: int, repeat_times: int) -> list[str]:
 
 def run(algorithm: str, args: argparse.Namespace) -> dict[str, float]:
     overrides = [f"name=bench-{algorithm}", f"algorithm.name={algorithm}", f"rounds={args.rounds}",
-                 f"trainer.warmup_steps={args.warmup_steps}", *budget(algorithm, args.rows_per_round, 8)]
+                 f"trainer.warmup_steps={args.warmup_steps}", *budget(algorithm, args.rows_per_round, 8), *args.set]
     cfg = load_config(CONFIG, overrides)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
@@ -42,11 +43,7 @@ def run(algorithm: str, args: argparse.Namespace) -> dict[str, float]:
         campaign.warm_start()
         before = campaign.evaluate()["eval/accuracy"]
         for r in range(1, cfg.rounds + 1):
-            campaign.explore(r)
-            campaign.verify(r)
-            campaign.store_round(r)
-            campaign.train(r)
-            campaign.sync(r)
+            campaign.run_round(r)
         after = campaign.evaluate()["eval/accuracy"]
     return {"before": before, "after": after, "seconds": time.perf_counter() - start}
 
@@ -58,14 +55,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=default.rounds)
     parser.add_argument("--warmup-steps", type=int, default=default.trainer.warmup_steps)
     parser.add_argument("--rows-per-round", type=int, default=1024)
+    parser.add_argument("--set", action="append", default=[], help="config override for every run, key=value")
     args = parser.parse_args()
     results = {}
     for algorithm in args.algorithms.split(","):
         results[algorithm] = run(algorithm, args)
         r = results[algorithm]
         print(f"{algorithm}: {r['before']:.3f} -> {r['after']:.3f} ({r['seconds']:.0f} s)", flush=True)
-    print(f"\nwarm start {args.warmup_steps} SFT steps, then {args.rounds} rounds x {args.rows_per_round} rows; "
-          "held-out greedy accuracy (200 distinct tasks)\n")
+    print(f"\nwarm start {args.warmup_steps} SFT steps, then {args.rounds} rounds x {args.rows_per_round} rows "
+          f"{' '.join(args.set)}; held-out greedy accuracy (200 distinct tasks)\n")
     print("| algorithm | after warm start | after rounds | seconds |\n| --- | --- | --- | --- |")
     for algorithm, r in results.items():
         print(f"| {algorithm} | {r['before']:.3f} | {r['after']:.3f} | {r['seconds']:.0f} |")

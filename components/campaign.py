@@ -142,6 +142,13 @@ class Campaign:
         """Push the trainer's weights to the explorer; bump the weight version."""
         return {"sync/weight_version": float(self.weights.sync())}
 
+    def run_round(self, round_no: int) -> dict[str, float]:
+        """All five stages of a round in order, without Prefect (tests, benchmarks, notebooks)."""
+        metrics: dict[str, float] = {}
+        for stage in (self.explore, self.verify, self.store_round, self.train, self.sync):
+            metrics |= stage(round_no)
+        return metrics
+
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy of the explorer's (latest synced) model on the held-out split."""
         return explorer.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.eval.max_new_tokens)

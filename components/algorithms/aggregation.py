@@ -12,11 +12,10 @@ The modes and their biases (see Dr. GRPO, Liu et al. 2025, arXiv:2503.20783; veR
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+from components.config import AggMode
+
 AGG_MODES: tuple[str, ...] = AggMode.__args__  # type: ignore[attr-defined]
 
 

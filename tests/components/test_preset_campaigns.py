@@ -22,17 +22,14 @@ def test_preset_runs_two_rounds(preset, tmp_path):
     campaign.prepare()
     campaign.warm_start()
     for r in (1, 2):
-        campaign.explore(r)
-        campaign.verify(r)
-        campaign.store_round(r)
-        metrics = campaign.train(r)
+        metrics = campaign.run_round(r)
         assert all(math.isfinite(v) for v in metrics.values()), metrics
         if preset == "dapo":  # an untrained model's groups mostly score all 0: dynamic sampling drops them
             kept_rows = (4 - metrics["sample/dropped_groups"]) * 4
             assert metrics["sample/dropped_groups"] >= 1 and metrics["train/steps"] == math.ceil(kept_rows / 16)
             continue
         assert metrics["train/steps"] >= 1
-        assert campaign.sync(r)["sync/weight_version"] == r + 1  # the warm start synced once
+        assert metrics["sync/weight_version"] == r + 1  # the warm start synced once
     expected = {"sft": "loss/sft", "mix": "loss/sft", "dapo": "sample/dropped_groups"}.get(preset, "loss/policy")
     assert expected in metrics
 
@@ -46,12 +43,7 @@ def test_kl_entropy_and_staleness_options_run_in_a_campaign(tmp_path):
     campaign = Campaign(cfg, tmp_path)
     campaign.prepare()
     campaign.warm_start()
-    for r in (1, 2):
-        campaign.explore(r)
-        campaign.verify(r)
-        campaign.store_round(r)
-        metrics = campaign.train(r)
-        campaign.sync(r)
+    metrics = [campaign.run_round(r) for r in (1, 2)][-1]
     # on-policy: every row is from the current version, none is stale
     assert metrics["sample/dropped_stale"] == 0 and metrics["train/steps"] == 1
     assert metrics["kl/low_var_kl"] >= 0 and metrics["policy/entropy"] > 0
