@@ -8,6 +8,7 @@ retried on its own. Nothing here imports Prefect: ``tasks/`` wrap these methods.
 from __future__ import annotations
 
 import copy
+import functools
 import random
 from pathlib import Path
 
@@ -47,8 +48,6 @@ class Campaign:
                                temperature=cfg.explorer.temperature, seed=cfg.seed)
         self.weights = MemoryWeightSync(self.trainer.unwrapped, explorer_model)
         self.rng = random.Random(cfg.seed)
-        self._train_tasks: list[Task] | None = None
-        self._eval_tasks: list[Task] | None = None
 
     # setup -----------------------------------------------------------------------------------
     def prepare(self) -> dict[str, float]:
@@ -61,17 +60,17 @@ class Campaign:
         self.buffer.write_expert(expert)
         return {"tasks/train": len(train), "tasks/eval": len(held_out), "tasks/expert": expert.num_rows}
 
-    @property
+    @functools.cached_property
     def train_tasks(self) -> list[Task]:
-        if self._train_tasks is None:
-            self._train_tasks = tasks_from_table(self.buffer.read_tasks("train"))
-        return self._train_tasks
+        return tasks_from_table(self.buffer.read_tasks("train"))
 
-    @property
+    @functools.cached_property
+    def tasks_by_id(self) -> dict[str, Task]:
+        return {t.task_id: t for t in self.train_tasks}
+
+    @functools.cached_property
     def eval_tasks(self) -> list[Task]:
-        if self._eval_tasks is None:
-            self._eval_tasks = tasks_from_table(self.buffer.read_tasks("eval"))
-        return self._eval_tasks
+        return tasks_from_table(self.buffer.read_tasks("eval"))
 
     def warm_start(self, progress=None) -> dict[str, float]:
         """Expert-only SFT steps before the RL rounds (``trainer.warmup_steps``), then sync."""
@@ -98,8 +97,7 @@ class Campaign:
 
     def verify(self, round_no: int) -> dict[str, float]:
         """Score the rollouts and check the experience contract → staging/verified (with ``reason``)."""
-        tasks_by_id = {t.task_id: t for t in self.train_tasks}
-        scored = explorer.score(self.buffer.read_staging(round_no, "rollouts"), tasks_by_id, self.reward_fn,
+        scored = explorer.score(self.buffer.read_staging(round_no, "rollouts"), self.tasks_by_id, self.reward_fn,
                                 self.cfg.reward.function)
         verdict = check_experiences(scored, ContractBounds(max_model_version=self.weights.version))
         reasons = pa.array([None] * verdict.accepted.num_rows, pa.string())
