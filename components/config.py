@@ -85,19 +85,23 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     # GSPO (arXiv:2507.18071): sequence-level ratio, tiny clip range, sequence-mean loss.
     "gspo": dict(advantage="grpo", loss="ppo_clip", ratio_level="sequence", clip_low=3e-4, clip_high=4e-4,
                  agg="seq-mean-token-mean"),
+    # OPMD (Trinity-RFT; Kimi k1.5): soft-max group baseline, −A·log π / (1 + τ).
+    "opmd": dict(advantage="opmd", loss="opmd", agg="token-mean"),
     "mix": dict(advantage="grpo", loss="mix", agg="token-mean", uses_expert=True),
 }
 _PRESET_DEFAULTS: dict[str, Any] = dict(
-    advantage_options={}, clip_low=0.2, clip_high=0.2, dual_clip=None, ratio_level="token", dynamic_sampling=False,
+    advantage_options={}, clip_low=0.2, clip_high=0.2, dual_clip=None, ratio_level="token", tau=1.0,
+    dynamic_sampling=False,
     uses_explorer=True, uses_expert=False,
 )
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["sft", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "mix"] = Field(
+    name: Literal["sft", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "opmd", "mix"] = Field(
         "mix",
         description="A preset (see ALGORITHM_PRESETS): `sft` NLL on expert rows only; `grpo`, `dr_grpo`, "
         "`dapo`, `rloo`, `reinforce_pp`, `gspo`: PPO-clip on explorer rows with that advantage/clip/aggregation; "
+        "`opmd`: −A·log π / (1 + τ) with a soft-max group baseline; "
         "`mix`: (1 − mu)·GRPO on explorer rows + mu·SFT on expert rows. Keys left unset take the preset's value.",
     )
     advantage: str | None = Field(None, description="Registered advantage function (overrides the preset's).")
@@ -115,6 +119,7 @@ class AlgorithmConfig(_Section):
         None, description="Importance ratio per token (PPO) or per sequence, exp(mean log-ratio) (GSPO)."
     )
     agg: AggMode | None = Field(None, description="Loss aggregation (see components.algorithms.aggregation).")
+    tau: float | None = Field(None, gt=0, description="OPMD loss: regularisation τ (the update shrinks by 1/(1 + τ)).")
     dynamic_sampling: bool | None = Field(
         None, description="Drop groups whose rewards are all equal before training (DAPO); they carry no signal."
     )
@@ -156,7 +161,7 @@ class AlgorithmConfig(_Section):
 
     def loss_options(self) -> dict[str, Any]:
         """Keyword options every registered policy loss receives (each uses the ones it needs)."""
-        return {**{k: self.setting(k) for k in ("clip_low", "clip_high", "dual_clip", "ratio_level", "agg")},
+        return {**{k: self.setting(k) for k in ("clip_low", "clip_high", "dual_clip", "ratio_level", "agg", "tau")},
                 "mu": self.mu}
 
 

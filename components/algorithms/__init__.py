@@ -5,7 +5,8 @@ from components.algorithms.advantages import (
 )
 from components.algorithms.aggregation import AGG_MODES, aggregate
 from components.algorithms.losses import (
-    KL_KINDS, LossInputs, entropy_from_logits, kl_penalty, mix_loss, ppo_clip_loss, regularized, sft_loss,
+    KL_KINDS, LossInputs, entropy_from_logits, kl_penalty, mix_loss, opmd_loss, ppo_clip_loss, regularized,
+    sft_loss,
 )
 from components.algorithms.registry import check_algorithm, get_advantage, get_loss, known, register_advantage, register_loss
 
@@ -24,6 +25,7 @@ __all__ = [
     "known",
     "mix_loss",
     "opmd_advantages",
+    "opmd_loss",
     "ppo_clip_loss",
     "register_advantage",
     "regularized",

@@ -74,6 +74,16 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, *, agg: str = "token-me
     return aggregate(-logprobs, mask, agg)
 
 
+def opmd_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *, tau: float = 1.0,
+              agg: str = "token-mean") -> torch.Tensor:
+    """Online policy mirror descent policy loss (Trinity-RFT ``opmd``; Kimi k1.5, arXiv:2501.12599).
+
+    l = −A·logprobs, aggregated, divided by (1 + τ): the mirror-descent step's regularisation
+    toward the current policy shrinks the update by 1/(1 + τ). Pair with ``opmd_advantages``.
+    """
+    return aggregate(-_per_token(advantages, logprobs) * logprobs, mask, agg) / (1.0 + tau)
+
+
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
     """Per-token KL(π ‖ π_ref) estimators (Schulman, "Approximating KL divergence", 2020).
 
@@ -165,6 +175,12 @@ def _ppo_clip(x: LossInputs, *, clip_low: float = 0.2, clip_high: float = 0.2, d
     loss, metrics = ppo_clip_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, clip_low=clip_low,
                                   clip_high=clip_high, dual_clip=dual_clip, ratio_level=ratio_level, agg=agg)
     return loss, {**metrics, "loss/policy": float(loss.detach())}
+
+
+@register_loss("opmd")
+def _opmd(x: LossInputs, *, tau: float = 1.0, agg: str = "token-mean", **_) -> tuple[torch.Tensor, dict[str, float]]:
+    loss = opmd_loss(x.logprobs, x.advantages, x.mask, tau=tau, agg=agg)
+    return loss, {"loss/policy": float(loss.detach())}
 
 
 @register_loss("sft")

@@ -149,3 +149,11 @@ def test_regularized_adds_kl_and_subtracts_entropy_bonus():
     assert metrics == {"kl/k1": pytest.approx(-0.25), "policy/entropy": pytest.approx(2.0)}
     untouched, _ = regularized(torch.tensor(1.0), logprobs, torch.ones(1, 2), ref_logprobs=ref, kl_kind="k2")
     assert_close(untouched, torch.tensor(1.0))  # coefficient 0: reported, not added
+
+
+def test_opmd_loss_is_advantage_weighted_nll_shrunk_by_tau():
+    from components.algorithms import opmd_loss
+
+    # l = −A·logprobs = [1, 2] → token-mean 1.5, / (1 + τ) with τ = 1
+    loss = opmd_loss(torch.tensor([[-1.0, -2.0]]), torch.tensor([1.0]), torch.ones(1, 2), tau=1.0)
+    assert_close(loss, torch.tensor(0.75))

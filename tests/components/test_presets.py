@@ -27,7 +27,7 @@ def test_every_preset_names_registered_parts():
 def test_unknown_advantage_or_loss_fails_with_the_known_names():
     with pytest.raises(ConfigError, match=r"algorithm\.advantage.*unknown advantage 'nope'; known: .*rloo"):
         check_algorithm(load_config(None, ["algorithm.advantage=nope"]).algorithm)
-    with pytest.raises(ConfigError, match=r"algorithm\.loss.*known: mix, ppo_clip, sft"):
+    with pytest.raises(ConfigError, match=r"algorithm\.loss.*known: mix, opmd, ppo_clip, sft"):
         check_algorithm(load_config(None, ["algorithm.loss=nope"]).algorithm)
     with pytest.raises(ConfigError, match=r"algorithm\.name"):
         load_config(None, ["algorithm.name=magic"])
