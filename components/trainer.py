@@ -19,7 +19,7 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedModel
 
-from components.algorithms import LossInputs, entropy_from_logits, get_advantage, get_loss, kl_penalty, regularized
+from components.algorithms import LossInputs, entropy_from_logprobs, get_advantage, get_loss, kl_penalty, regularized
 from components.config import AlgorithmConfig, TrainerConfig
 
 Row = Mapping[str, Any]
@@ -55,14 +55,25 @@ def response_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], t
     return logits[:, P - 1:P + R - 1].float() / temperature  # (B, R, V)
 
 
-def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[ids]: (B, R, V), (B, R) → (B, R)."""
-    return torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-
-
 def response_logprobs(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
     """log π(response token | prefix) for every response position: (B, R)."""
-    return token_logprobs(response_logits(model, batch, temperature), batch["response_ids"])
+    logp = torch.log_softmax(response_logits(model, batch, temperature), -1)  # (B, R, V)
+    return logp.gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+def behaviour_logprobs(rows: Sequence[Row], fallback: torch.Tensor) -> torch.Tensor:
+    """Each row's recorded ``response_logprobs``, padded like ``fallback`` (B, R); rows without
+    them (expert rows) take ``fallback``'s values, detached."""
+    old = fallback.detach().clone()  # (B, R)
+    for i, r in enumerate(rows):
+        if r.get("response_logprobs") is not None:
+            old[i, :len(r["response_ids"])] = torch.tensor(r["response_logprobs"])
+    return old
+
+
+def cosine(start: float, end: float, progress: float) -> float:
+    """Cosine interpolation from ``start`` (progress 0) to ``end`` (progress 1)."""
+    return end + 0.5 * (start - end) * (1 + math.cos(math.pi * progress))
 
 
 class Trainer:
@@ -91,9 +102,7 @@ class Trainer:
             chunk = rows[s:s + self.cfg.micro_batch_size]
             batch = batch_tensors(chunk, self.pad_id)
             ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
-            old = torch.zeros_like(ref)  # (B, R)
-            for i, r in enumerate(chunk):
-                old[i, :len(r["response_ids"])] = torch.tensor(r["response_logprobs"])
+            old = behaviour_logprobs(chunk, ref)  # (B, R)
             kl = (kl_penalty(old, ref, self.algorithm.kl_kind) * batch["mask"]).sum(-1)  # (B,)
             out.extend(float(r["reward"]) - self.algorithm.kl_coef * float(k) for r, k in zip(chunk, kl))
         return out
@@ -104,14 +113,9 @@ class Trainer:
 
     def _step(self, rows: Sequence[Row], advantages: torch.Tensor, loss_name: str, options: dict) -> dict[str, float]:
         batch = {k: v.to(self.accelerator.device) for k, v in batch_tensors(rows, self.pad_id).items()}
-        logits = response_logits(self.model, batch, self.temperature)  # (B, R, V)
-        logprobs = token_logprobs(logits, batch["response_ids"])  # (B, R)
-        old = torch.zeros_like(logprobs)  # (B, R) behaviour log-probs; current ones for expert rows
-        for i, r in enumerate(rows):
-            behaviour = r.get("response_logprobs")
-            old[i, :len(r["response_ids"])] = (
-                torch.tensor(behaviour) if behaviour is not None else logprobs[i, :len(r["response_ids"])].detach()
-            )
+        logp = torch.log_softmax(response_logits(self.model, batch, self.temperature), -1)  # (B, R, V)
+        logprobs = logp.gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1)  # (B, R)
+        old = behaviour_logprobs(rows, logprobs)  # (B, R)
         is_expert = torch.tensor([r["source"] != "explorer" for r in rows], device=logprobs.device)  # (B,)
         inputs = LossInputs(logprobs, old, advantages.to(logprobs.device), batch["mask"], is_expert)
         loss, metrics = get_loss(loss_name)(inputs, **options)
@@ -120,7 +124,7 @@ class Trainer:
         if self.ref_model is not None and algo.kl_mode == "loss":
             with torch.no_grad():
                 ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
-        entropy = entropy_from_logits(logits if algo.entropy_coef else logits.detach())  # (B, R)
+        entropy = entropy_from_logprobs(logp if algo.entropy_coef else logp.detach())  # (B, R)
         loss, extra = regularized(loss, logprobs, batch["mask"], ref_logprobs=ref, kl_coef=algo.kl_coef,
                                   kl_kind=algo.kl_kind, entropy=entropy, entropy_coef=algo.entropy_coef,
                                   agg=options.get("agg", "token-mean"))
@@ -141,7 +145,7 @@ class Trainer:
         lr, floor = self.cfg.lr, self.cfg.min_lr
         if floor is None or rounds <= 1:
             return lr
-        return floor + 0.5 * (lr - floor) * (1 + math.cos(math.pi * (round_no - 1) / (rounds - 1)))
+        return cosine(lr, floor, (round_no - 1) / (rounds - 1))
 
     def train(self, rows: Sequence[Row]) -> dict[str, float]:
         """One round's update: advantages over explorer rows, then ``epochs`` shuffled passes in
@@ -198,7 +202,7 @@ class Trainer:
             if step < ramp:
                 self.set_lr(peak * (step + 1) / ramp)
             else:
-                self.set_lr(final + 0.5 * (peak - final) * (1 + math.cos(math.pi * (step - ramp) / max(1, steps - ramp))))
+                self.set_lr(cosine(peak, final, (step - ramp) / max(1, steps - ramp)))
             chunk = self.rng.sample(pool, min(self.cfg.micro_batch_size, len(pool)))
             last = self._step(chunk, torch.zeros(len(chunk)), "sft", {"agg": "token-mean"})
             if progress is not None:

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flows import quiet_defaults
+import flows  # noqa: F401  (applies the quiet service defaults before Prefect is imported)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Reinforcement fine-tuning campaigns on Prefect.")
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "arith-mix.yaml"
@@ -39,7 +39,6 @@ def run(
     from components.config import ConfigError, load_config
     from components.tasksets import TasksetError, check_taskset
 
-    quiet_defaults()
     if progress:  # the bars report progress; Prefect's per-task INFO lines still reach its API and UI
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     try:
@@ -48,11 +47,9 @@ def run(
         check_algorithm(cfg.algorithm)
     except (ConfigError, TasksetError) as e:
         _fail(str(e))
-    out = run_dir or Path("runs") / cfg.name
-
     from flows.campaign import rft_campaign
 
-    summary = rft_campaign(cfg.model_dump(mode="json"), str(out), show_progress=progress)
+    summary = rft_campaign(cfg.model_dump(mode="json"), str(run_dir) if run_dir else None, show_progress=progress)
     table = Table(title=f"campaign {cfg.name}", show_header=False)
     for key in ("eval_accuracy_before", "eval_accuracy_after", "rounds", "wall_seconds", "model_name",
                 "model_version", "mlflow_run_id", "store_url"):

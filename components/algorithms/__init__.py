@@ -5,7 +5,7 @@ from components.algorithms.advantages import (
 )
 from components.algorithms.aggregation import AGG_MODES, aggregate
 from components.algorithms.losses import (
-    KL_KINDS, LossInputs, entropy_from_logits, kl_penalty, mix_loss, opmd_loss, ppo_clip_loss, regularized,
+    KL_KINDS, LossInputs, entropy_from_logits, entropy_from_logprobs, kl_penalty, mix_loss, opmd_loss, ppo_clip_loss, regularized,
     sft_loss,
 )
 from components.algorithms.registry import check_algorithm, get_advantage, get_loss, known, register_advantage, register_loss
@@ -17,6 +17,7 @@ __all__ = [
     "aggregate",
     "check_algorithm",
     "entropy_from_logits",
+    "entropy_from_logprobs",
     "get_advantage",
     "gae_advantages",
     "get_loss",

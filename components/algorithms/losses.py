@@ -130,10 +130,14 @@ def mix_loss(
     return loss, {**metrics, "loss/policy": float(policy.detach()), "loss/sft": float(sft.detach())}
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-token entropy H = −Σ_v p_v log p_v of logits (B, T, V) → (B, T)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy H = −Σ_v p_v log p_v from full log-probabilities (B, T, V) → (B, T)."""
     return -(logp.exp() * logp).sum(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy of logits (B, T, V) → (B, T)."""
+    return entropy_from_logprobs(torch.log_softmax(logits.float(), dim=-1))
 
 
 def regularized(
