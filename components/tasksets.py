@@ -85,16 +85,17 @@ def _file_rows(path: Path) -> list[tuple[int, Any]]:
     if path.suffix not in (".jsonl", ".json"):
         raise TasksetError(f"{path}: unsupported taskset file type {path.suffix!r}; use .jsonl or .parquet")
     rows = []
-    with path.open(encoding="utf-8", errors="strict") as f:
-        try:
-            for lineno, line in enumerate(f, start=1):
-                if line.strip():
-                    try:
-                        rows.append((lineno, json.loads(line)))
-                    except json.JSONDecodeError as e:
-                        raise TasksetError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        except UnicodeDecodeError:
-            raise TasksetError(f"{path}:{len(rows) + 1}: not valid UTF-8") from None
+    with path.open("rb") as f:  # decode line by line, so a bad byte is reported on its own line
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise TasksetError(f"{path}:{lineno}: not valid UTF-8") from None
+            if line.strip():
+                try:
+                    rows.append((lineno, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise TasksetError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
     return rows
 
 

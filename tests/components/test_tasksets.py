@@ -61,3 +61,10 @@ def test_missing_file_unknown_dataset_and_template_field(tmp_path):
         check_taskset(TasksetConfig(source="reasoning_gym:no_such_dataset"))
     with pytest.raises(TasksetError, match="unknown field 'nope'; available: .*expression"):
         check_taskset(TasksetConfig(source="reasoning_gym:chain_sum", prompt_template="{nope}"))
+
+
+def test_invalid_utf8_is_named_by_its_line_even_after_blank_lines(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"question": "1+1=", "answer": "2"}\n\n\n{"question": "\xff", "answer": "2"}\n')
+    with pytest.raises(TasksetError, match=r"t\.jsonl:4: not valid UTF-8"):
+        check_taskset(TasksetConfig(source=str(path)))
