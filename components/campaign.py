@@ -22,7 +22,9 @@ from components.config import CampaignConfig
 from components.models import load_model
 from components.rewards import make_reward_fn
 from components.rollout import HFRolloutEngine
-from components.sampling import drop_stale, drop_zero_variance_groups
+from components.sampling import (
+    drop_stale, drop_zero_variance_groups, first_groups, informative_groups, preference_pairs,
+)
 from components.storage import open_store
 from components.sync import MemoryWeightSync
 from components.tasksets import Task, load_tasks, select_tasks, tasks_from_table, tasks_to_table
@@ -84,16 +86,32 @@ class Campaign:
 
     # stages ----------------------------------------------------------------------------------
     def explore(self, round_no: int) -> dict[str, float]:
-        """Sample the round's tasks and generate ``repeat_times`` responses each → staging/rollouts."""
-        ex = self.cfg.explorer
-        tasks = select_tasks(self.train_tasks, round_no, ex.tasks_per_round, self.cfg.seed)
+        """Sample the round's tasks and generate ``repeat_times`` responses each → staging/rollouts.
+
+        With dynamic sampling (DAPO), further task batches are explored while fewer than
+        ``tasks_per_round`` groups have unequal rewards (at most ``max_explore_batches`` batches).
+        """
+        ex, algo = self.cfg.explorer, self.cfg.algorithm
         torch.manual_seed(self.cfg.seed * 1_000_003 + round_no)
-        table = explorer.explore(self.engine, tasks, campaign=self.cfg.name, round_no=round_no,
-                                 repeat_times=ex.repeat_times, temperature=ex.temperature,
-                                 max_new_tokens=ex.max_new_tokens, model_version=self.weights.version)
+        tables, batches = [], 0
+        while True:
+            tasks = select_tasks(self.train_tasks, round_no, ex.tasks_per_round, self.cfg.seed, batch=batches)
+            tables.append(explorer.explore(
+                self.engine, tasks, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
+                temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=self.weights.version,
+                first_slot=batches * ex.tasks_per_round))
+            batches += 1
+            if not algo.setting("dynamic_sampling") or batches == algo.max_explore_batches:
+                break
+            scored = explorer.score(pa.concat_tables(tables), self.tasks_by_id, self.reward_fn,
+                                    self.cfg.reward.function)
+            if informative_groups(scored) >= ex.tasks_per_round:
+                break
+        table = pa.concat_tables(tables)
         self.buffer.write_staging(round_no, "rollouts", table)
         lengths = pc.list_value_length(table.column("response_ids"))
-        return {"explore/rows": table.num_rows, "explore/response_len": pc.mean(lengths).as_py() or 0.0}
+        return {"explore/rows": table.num_rows, "explore/batches": batches,
+                "explore/response_len": pc.mean(lengths).as_py() or 0.0}
 
     def verify(self, round_no: int) -> dict[str, float]:
         """Score the rollouts and check the experience contract → staging/verified (with ``reason``)."""
@@ -127,7 +145,11 @@ class Campaign:
                 metrics["sample/dropped_stale"] = float(stale)
             if algo.setting("dynamic_sampling"):
                 usual, dropped = drop_zero_variance_groups(usual)
+                usual = first_groups(usual, self.cfg.explorer.tasks_per_round)
                 metrics["sample/dropped_groups"] = float(dropped)
+            if self.trainer.pairwise:
+                usual, pairs = preference_pairs(usual)
+                metrics["sample/pairs"] = float(pairs)
             parts.append(usual)
         if algo.uses_expert:
             parts.append(self.buffer.sample_expert(algo.expert_per_round, self.rng))

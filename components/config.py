@@ -88,6 +88,10 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     # OPMD (Trinity-RFT; Kimi k1.5): soft-max group baseline, −A·log π / (1 + τ).
     "opmd": dict(advantage="opmd", loss="opmd", agg="token-mean"),
     "mix": dict(advantage="grpo", loss="mix", agg="token-mean", uses_expert=True),
+    # PPO (arXiv:1707.06347) with a critic: token-level GAE advantages, clipped value loss.
+    "ppo": dict(advantage="gae", advantage_options={"gamma": 1.0, "lam": 0.95}, loss="ppo_clip", agg="token-mean"),
+    # Online DPO (arXiv:2305.18290): each group's best vs worst responses as (chosen, rejected) pairs.
+    "dpo": dict(advantage=None, loss="dpo", agg="token-mean"),
 }
 _PRESET_DEFAULTS: dict[str, Any] = dict(
     advantage_options={}, clip_low=0.2, clip_high=0.2, dual_clip=None, ratio_level="token", tau=1.0,
@@ -97,11 +101,13 @@ _PRESET_DEFAULTS: dict[str, Any] = dict(
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["sft", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "opmd", "mix"] = Field(
+    name: Literal["sft", "grpo", "dr_grpo", "dapo", "ppo", "rloo", "reinforce_pp", "gspo", "opmd", "mix", "dpo"] = Field(
         "mix",
         description="A preset (see ALGORITHM_PRESETS): `sft` NLL on expert rows only; `grpo`, `dr_grpo`, "
         "`dapo`, `rloo`, `reinforce_pp`, `gspo`: PPO-clip on explorer rows with that advantage/clip/aggregation; "
+        "`ppo`: PPO-clip with token-level GAE from a critic model; "
         "`opmd`: −A·log π / (1 + τ) with a soft-max group baseline; "
+        "`dpo`: DPO against the frozen start policy on (best, worst) response pairs of each group; "
         "`mix`: (1 − mu)·GRPO on explorer rows + mu·SFT on expert rows. Keys left unset take the preset's value.",
     )
     advantage: str | None = Field(None, description="Registered advantage function (overrides the preset's).")
@@ -121,7 +127,17 @@ class AlgorithmConfig(_Section):
     agg: AggMode | None = Field(None, description="Loss aggregation (see components.algorithms.aggregation).")
     tau: float | None = Field(None, gt=0, description="OPMD loss: regularisation τ (the update shrinks by 1/(1 + τ)).")
     dynamic_sampling: bool | None = Field(
-        None, description="Drop groups whose rewards are all equal before training (DAPO); they carry no signal."
+        None, description="DAPO dynamic sampling: drop groups whose rewards are all equal (they carry no signal) "
+        "and explore more tasks until `explorer.tasks_per_round` groups with signal are found "
+        "(at most `max_explore_batches` batches).",
+    )
+    max_explore_batches: int = Field(
+        4, gt=0, description="Dynamic sampling: most task batches one round explores to fill its groups."
+    )
+    beta: float = Field(0.1, gt=0, description="DPO: β, the strength of the implicit KL to the reference model.")
+    critic_lr: float | None = Field(None, gt=0, description="PPO critic learning rate (default: `trainer.lr`).")
+    value_clip: float | None = Field(
+        0.2, gt=0, description="PPO critic: clip the new value to old ± this in the value loss (None: no clip)."
     )
     kl_coef: float = Field(
         0.0, ge=0, description="Weight β of KL(π ‖ π_ref) against a frozen reference model (the policy when the "
@@ -162,7 +178,7 @@ class AlgorithmConfig(_Section):
     def loss_options(self) -> dict[str, Any]:
         """Keyword options every registered policy loss receives (each uses the ones it needs)."""
         return {**{k: self.setting(k) for k in ("clip_low", "clip_high", "dual_clip", "ratio_level", "agg", "tau")},
-                "mu": self.mu}
+                "mu": self.mu, "beta": self.beta}
 
 
 class TrainerConfig(_Section):

@@ -12,12 +12,13 @@ from components.tasksets import Task
 
 
 def explore(engine: HFRolloutEngine, tasks: list[Task], *, campaign: str, round_no: int, repeat_times: int,
-            temperature: float, max_new_tokens: int, model_version: int) -> pa.Table:
-    """``repeat_times`` sampled responses per task (one group per task), unscored (reward null)."""
+            temperature: float, max_new_tokens: int, model_version: int, first_slot: int = 0) -> pa.Table:
+    """``repeat_times`` sampled responses per task (one group per task, ids numbered from
+    ``first_slot``), unscored (reward null)."""
     groups = engine.generate([t.prompt for t in tasks], n=repeat_times, max_new_tokens=max_new_tokens,
                              temperature=temperature)
     rows = []
-    for slot, (task, group) in enumerate(zip(tasks, groups)):
+    for slot, (task, group) in enumerate(zip(tasks, groups), start=first_slot):
         group_id = f"r{round_no}-g{slot}-{task.task_id}"
         for k, r in enumerate(group):
             rows.append(make_experience(

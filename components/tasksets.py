@@ -174,9 +174,12 @@ def tasks_from_table(table: pa.Table) -> list[Task]:
     ]
 
 
-def select_tasks(tasks: list[Task], round_no: int, k: int, seed: int) -> list[Task]:
+def select_tasks(tasks: list[Task], round_no: int, k: int, seed: int, batch: int = 0) -> list[Task]:
     """The ``k`` tasks of round ``round_no`` (1-based): a fresh seeded shuffle per pass over the
-    taskset, taken in order — deterministic in (seed, round), so a re-run round sees the same tasks."""
+    taskset, taken in order — deterministic in (seed, round), so a re-run round sees the same tasks.
+    Extra batches of a round (``batch`` ≥ 1, dynamic sampling's refills) are seeded samples of k."""
+    if batch:
+        return random.Random(f"{seed}:{round_no}:{batch}").sample(tasks, min(k, len(tasks)))
     picked: list[Task] = []
     start = (round_no - 1) * k
     while len(picked) < k:

@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 
 from components.algorithms import LossInputs, entropy_from_logprobs, get_advantage, get_loss, kl_penalty, regularized
 from components.config import AlgorithmConfig, TrainerConfig
+from components.critic import Critic
 
 Row = Mapping[str, Any]
 
@@ -77,7 +78,8 @@ def cosine(start: float, end: float, progress: float) -> float:
 
 
 class Trainer:
-    """Owns the policy being trained, its optimizer and the step counter."""
+    """Owns the policy being trained, its optimizer and the step counter (and, when the algorithm
+    needs them, a frozen reference model and a critic, both made when the RL rounds start)."""
 
     def __init__(self, model: PreTrainedModel, pad_id: int, trainer: TrainerConfig, algorithm: AlgorithmConfig,
                  *, temperature: float = 1.0, seed: int = 0):
@@ -87,45 +89,113 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.rng = random.Random(seed)
         self.steps = 0
-        self.ref_model: PreTrainedModel | None = None  # frozen copy, made when the RL rounds start
+        self.loss_fn = get_loss(algorithm.setting("loss"))
+        advantage = algorithm.setting("advantage")
+        self.advantage_fn = get_advantage(advantage) if advantage else None
+        self.ref_model: PreTrainedModel | None = None
+        self.critic: Critic | None = None
 
-    def _reference(self) -> None:
-        """Freeze the current policy as the reference model (once), if the algorithm uses KL."""
-        if self.algorithm.kl_coef > 0 and self.ref_model is None:
+    @property
+    def needs_reference(self) -> bool:
+        return self.algorithm.kl_coef > 0 or getattr(self.loss_fn, "needs_reference", False)
+
+    @property
+    def pairwise(self) -> bool:
+        return getattr(self.loss_fn, "pairwise", False)
+
+    @property
+    def needs_critic(self) -> bool:
+        return getattr(self.advantage_fn, "needs_critic", False)
+
+    def _rl_models(self) -> None:
+        """Once, when the RL rounds start: freeze the policy as the reference model (KL, DPO) and
+        initialise the critic from it (PPO), as the algorithm needs."""
+        if self.needs_reference and self.ref_model is None:
             self.ref_model = copy.deepcopy(self.unwrapped).eval().requires_grad_(False)
+        if self.needs_critic and self.critic is None:
+            algo = self.algorithm
+            self.critic = Critic(self.unwrapped, self.accelerator, lr=algo.critic_lr or self.cfg.lr,
+                                 weight_decay=self.cfg.weight_decay, grad_clip=self.cfg.grad_clip,
+                                 value_clip=algo.value_clip)
+
+    def _batch(self, chunk: Sequence[Row]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.accelerator.device) for k, v in batch_tensors(chunk, self.pad_id).items()}
 
     @torch.no_grad()
-    def _kl_penalised_rewards(self, rows: Sequence[Row]) -> list[float]:
-        """reward − β · Σ_t KL_t(behaviour ‖ reference) for each explorer row (``kl_mode: reward``)."""
-        out = []
+    def _per_token(self, rows: Sequence[Row], fn) -> torch.Tensor:
+        """``fn(chunk, batch) -> (B, R)`` over micro-batches, right-padded with 0 to (N, R_max)."""
+        width = max(len(r["response_ids"]) for r in rows)
+        out = torch.zeros(len(rows), width)  # (N, R_max)
         for s in range(0, len(rows), self.cfg.micro_batch_size):
             chunk = rows[s:s + self.cfg.micro_batch_size]
-            batch = batch_tensors(chunk, self.pad_id)
-            ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
-            old = behaviour_logprobs(chunk, ref)  # (B, R)
-            kl = (kl_penalty(old, ref, self.algorithm.kl_kind) * batch["mask"]).sum(-1)  # (B,)
-            out.extend(float(r["reward"]) - self.algorithm.kl_coef * float(k) for r, k in zip(chunk, kl))
+            batch = self._batch(chunk)
+            values = (fn(chunk, batch) * batch["mask"]).cpu()  # (B, R)
+            out[s:s + len(chunk), :values.shape[1]] = values
         return out
+
+    def _reference_kl(self, chunk: Sequence[Row], batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token KL_kind(behaviour ‖ reference) of explorer rows: (B, R)."""
+        ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
+        return kl_penalty(behaviour_logprobs(chunk, ref), ref, self.algorithm.kl_kind)
+
+    def _advantages(self, rows: Sequence[Row]) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+        """Advantages of all ``rows`` — (N,) outcome-level, or (N, R_max) token-level with a critic —
+        plus critic targets ({old_values, returns}, (N, R_max)) and metrics. Expert rows get 0."""
+        algo, metrics = self.algorithm, {}
+        explorer_idx = [i for i, r in enumerate(rows) if r["source"] == "explorer"]
+        if not explorer_idx or self.advantage_fn is None:
+            return torch.zeros(len(rows)), {}, metrics
+        explorer_rows = [rows[i] for i in explorer_idx]
+        rewards = torch.tensor([float(r["reward"]) for r in explorer_rows])  # (n,)
+        kl = None
+        if self.ref_model is not None and algo.kl_mode == "reward":
+            kl = self._per_token(explorer_rows, self._reference_kl)  # (n, R_max)
+            metrics["reward/kl_penalised_mean"] = float((rewards - algo.kl_coef * kl.sum(-1)).mean())
+        options = algo.setting("advantage_options")
+        if not self.needs_critic:
+            if kl is not None:
+                rewards = rewards - algo.kl_coef * kl.sum(-1)
+            advantages = torch.zeros(len(rows))  # (N,)
+            advantages[explorer_idx] = self.advantage_fn(rewards, [r["group_id"] for r in explorer_rows], **options)
+            return advantages, {}, metrics
+        # token-level (PPO): reward on the last response token, −β·KL_t on every token (veRL)
+        lengths = torch.tensor([len(r["response_ids"]) for r in explorer_rows])  # (n,)
+        mask = (torch.arange(int(lengths.max())) < lengths.unsqueeze(-1)).float()  # (n, R_max)
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[torch.arange(len(explorer_rows)), lengths - 1] = rewards
+        if kl is not None:
+            token_rewards -= algo.kl_coef * kl
+        old_values = self._per_token(explorer_rows, lambda _, batch: self.critic.values(batch))  # (n, R_max)
+        adv, returns = self.advantage_fn(token_rewards, old_values, mask, **options)
+        width = max(len(r["response_ids"]) for r in rows)
+        full = {name: torch.zeros(len(rows), width) for name in ("advantages", "old_values", "returns")}
+        for name, value in (("advantages", adv), ("old_values", old_values), ("returns", returns)):
+            full[name][explorer_idx, :value.shape[1]] = value
+        metrics["critic/returns_mean"] = float(returns.sum() / mask.sum())
+        return full.pop("advantages"), full, metrics
 
     @property
     def unwrapped(self) -> PreTrainedModel:
         return self.accelerator.unwrap_model(self.model)
 
-    def _step(self, rows: Sequence[Row], advantages: torch.Tensor, loss_name: str, options: dict) -> dict[str, float]:
-        batch = {k: v.to(self.accelerator.device) for k, v in batch_tensors(rows, self.pad_id).items()}
+    def _step(self, rows: Sequence[Row], batch: Mapping[str, torch.Tensor], advantages: torch.Tensor, loss_fn,
+              options: dict) -> dict[str, float]:
         logp = torch.log_softmax(response_logits(self.model, batch, self.temperature), -1)  # (B, R, V)
         logprobs = logp.gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1)  # (B, R)
         old = behaviour_logprobs(rows, logprobs)  # (B, R)
         is_expert = torch.tensor([r["source"] != "explorer" for r in rows], device=logprobs.device)  # (B,)
-        inputs = LossInputs(logprobs, old, advantages.to(logprobs.device), batch["mask"], is_expert)
-        loss, metrics = get_loss(loss_name)(inputs, **options)
+        if advantages.dim() == 2:  # token-level: this batch is only as wide as its longest response
+            advantages = advantages[:, :logprobs.shape[1]]
         algo = self.algorithm
         ref = None
-        if self.ref_model is not None and algo.kl_mode == "loss":
+        if self.ref_model is not None and (algo.kl_mode == "loss" or getattr(loss_fn, "needs_reference", False)):
             with torch.no_grad():
                 ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
+        inputs = LossInputs(logprobs, old, advantages.to(logprobs.device), batch["mask"], is_expert, ref)
+        loss, metrics = loss_fn(inputs, **options)
         entropy = entropy_from_logprobs(logp if algo.entropy_coef else logp.detach())  # (B, R)
-        loss, extra = regularized(loss, logprobs, batch["mask"], ref_logprobs=ref, kl_coef=algo.kl_coef,
+        loss, extra = regularized(loss, logprobs, batch["mask"],
+                                  ref_logprobs=ref if algo.kl_mode == "loss" else None, kl_coef=algo.kl_coef,
                                   kl_kind=algo.kl_kind, entropy=entropy, entropy_coef=algo.entropy_coef,
                                   agg=options.get("agg", "token-mean"))
         metrics = {**metrics, **extra}
@@ -149,36 +219,33 @@ class Trainer:
 
     def train(self, rows: Sequence[Row]) -> dict[str, float]:
         """One round's update: advantages over explorer rows, then ``epochs`` shuffled passes in
-        micro-batches, one optimizer step each. Returns metrics averaged over steps."""
+        micro-batches, one optimizer step each (and one critic step, with a critic). Pairwise losses
+        get rows as consecutive (chosen, rejected) pairs and shuffle whole pairs. Returns metrics
+        averaged over steps."""
         rows = list(rows)
         if not rows:
             return {"train/steps": 0.0}
-        algo = self.algorithm
-        loss_name, options = algo.setting("loss"), algo.loss_options()
-        explorer_idx = [i for i, r in enumerate(rows) if r["source"] == "explorer"]
-        advantages = torch.zeros(len(rows))  # (N,) expert rows keep 0: their term is SFT
-        self._reference()
-        metrics_extra: dict[str, float] = {}
-        if explorer_idx and algo.setting("advantage"):
-            explorer_rows = [rows[i] for i in explorer_idx]
-            if self.ref_model is not None and algo.kl_mode == "reward":
-                rewards = torch.tensor(self._kl_penalised_rewards(explorer_rows))
-                metrics_extra["reward/kl_penalised_mean"] = float(rewards.mean())
-            else:
-                rewards = torch.tensor([r["reward"] for r in explorer_rows])
-            groups = [r["group_id"] for r in explorer_rows]
-            advantages[explorer_idx] = get_advantage(algo.setting("advantage"))(
-                rewards, groups, **algo.setting("advantage_options")
-            )
-        start, sums, tokens = time.perf_counter(), defaultdict(float), 0
-        n_steps = 0
+        self._rl_models()
+        options = self.algorithm.loss_options()
+        advantages, critic_targets, metrics_extra = self._advantages(rows)
+        unit = 2 if self.pairwise else 1
+        per_step = max(unit, self.cfg.micro_batch_size // unit * unit)
+        start, sums, tokens, n_steps = time.perf_counter(), defaultdict(float), 0, 0
         for _ in range(self.cfg.epochs):
-            order = list(range(len(rows)))
-            self.rng.shuffle(order)
-            for s in range(0, len(order), self.cfg.micro_batch_size):
-                idx = order[s:s + self.cfg.micro_batch_size]
+            units = list(range(0, len(rows), unit))
+            self.rng.shuffle(units)
+            order = [i + k for i in units for k in range(unit)]
+            for s in range(0, len(order), per_step):
+                idx = order[s:s + per_step]
                 chunk = [rows[i] for i in idx]
-                for k, v in self._step(chunk, advantages[idx], loss_name, options).items():
+                batch = self._batch(chunk)
+                step_metrics = self._step(chunk, batch, advantages[idx], self.loss_fn, options)
+                if self.critic is not None:
+                    width = batch["mask"].shape[1]
+                    targets = {k: v[idx, :width].to(self.accelerator.device) for k, v in critic_targets.items()}
+                    step_metrics |= self.critic.update(batch, targets["old_values"], targets["returns"],
+                                                       options.get("agg", "token-mean"))
+                for k, v in step_metrics.items():
                     sums[k] += v
                 tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in chunk)
                 n_steps += 1
@@ -204,7 +271,7 @@ class Trainer:
             else:
                 self.set_lr(cosine(peak, final, (step - ramp) / max(1, steps - ramp)))
             chunk = self.rng.sample(pool, min(self.cfg.micro_batch_size, len(pool)))
-            last = self._step(chunk, torch.zeros(len(chunk)), "sft", {"agg": "token-mean"})
+            last = self._step(chunk, self._batch(chunk), torch.zeros(len(chunk)), get_loss("sft"), {"agg": "token-mean"})
             if progress is not None:
                 progress(step + 1, last)
         self.set_lr(final)

@@ -5,8 +5,8 @@ from components.algorithms.advantages import (
 )
 from components.algorithms.aggregation import AGG_MODES, aggregate
 from components.algorithms.losses import (
-    KL_KINDS, LossInputs, entropy_from_logits, entropy_from_logprobs, kl_penalty, mix_loss, opmd_loss, ppo_clip_loss, regularized,
-    sft_loss,
+    KL_KINDS, LossInputs, dpo_loss, entropy_from_logits, entropy_from_logprobs, kl_penalty, mix_loss, opmd_loss,
+    ppo_clip_loss, regularized, sft_loss, value_loss,
 )
 from components.algorithms.registry import check_algorithm, get_advantage, get_loss, known, register_advantage, register_loss
 
@@ -16,6 +16,7 @@ __all__ = [
     "LossInputs",
     "aggregate",
     "check_algorithm",
+    "dpo_loss",
     "entropy_from_logits",
     "entropy_from_logprobs",
     "get_advantage",
@@ -34,4 +35,5 @@ __all__ = [
     "reinforce_pp_advantages",
     "rloo_advantages",
     "sft_loss",
+    "value_loss",
 ]

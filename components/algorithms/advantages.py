@@ -104,13 +104,18 @@ def opmd_advantages(rewards: torch.Tensor, group_ids: Sequence, *, tau: float = 
     return rewards - baseline[index]
 
 
+@register_advantage("gae", needs_critic=True)
 def gae_advantages(
-    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0, lam: float = 0.95
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0, lam: float = 0.95,
+    whiten: bool = True, eps: float = 1e-8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation for PPO with a critic (Schulman et al. 2016, arXiv:1506.02438).
+    """Generalised advantage estimation for PPO with a critic (Schulman et al. 2016, arXiv:1506.02438;
+    veRL ``compute_gae_advantage_return``).
 
     δ_t = r_t + γ·V_{t+1} − V_t;  A_t = δ_t + γλ·A_{t+1}, with V and A zero past the last unmasked
-    token; returns R_t = A_t + V_t. All tensors (B, T); returns (advantages, returns), masked.
+    token; returns R_t = A_t + V_t (before whitening). With ``whiten``, A is then whitened over the
+    unmasked tokens of the batch: (A − mean) / (std + eps), std unbiased. All tensors (B, T);
+    returns (advantages, returns), masked.
     """
     mask = mask.to(values.dtype)  # (B, T)
     values = values * mask  # (B, T)
@@ -122,4 +127,8 @@ def gae_advantages(
         running = (delta + gamma * lam * running) * mask[:, t]  # (B,)
         advantages[:, t] = running
         next_value = values[:, t]
-    return advantages, (advantages + values) * mask
+    returns = (advantages + values) * mask  # (B, T)
+    if whiten and mask.sum() > 1:
+        picked = advantages[mask.bool()]  # (N_tokens,)
+        advantages = (advantages - picked.mean()) / (picked.std() + eps) * mask
+    return advantages, returns

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from components.algorithms.aggregation import aggregate
 from components.algorithms.registry import register_loss
@@ -82,6 +83,42 @@ def opmd_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tens
     toward the current policy shrinks the update by 1/(1 + τ). Pair with ``opmd_advantages``.
     """
     return aggregate(-_per_token(advantages, logprobs) * logprobs, mask, agg) / (1.0 + tau)
+
+
+def dpo_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, *, beta: float = 0.1,
+             label_smoothing: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """DPO (Rafailov et al. 2023, arXiv:2305.18290; TRL ``DPOTrainer`` sigmoid loss) on pairs:
+    rows 0, 2, 4, … are chosen, rows 1, 3, 5, … the rejected response to the same prompt.
+
+    With sequence log-ratios ρ = Σ_t m·(logprobs − ref_logprobs) and z = β·(ρ_chosen − ρ_rejected):
+    l = −(1 − ε)·log σ(z) − ε·log σ(−z) (ε = ``label_smoothing``, cDPO), averaged over pairs.
+    """
+    if logprobs.shape[0] % 2:
+        raise ValueError(f"dpo_loss needs (chosen, rejected) pairs: got an odd batch of {logprobs.shape[0]} rows")
+    rho = ((logprobs - ref_logprobs) * mask.to(logprobs.dtype)).sum(-1)  # (B,)
+    chosen, rejected = rho[0::2], rho[1::2]  # (B/2,), (B/2,)
+    z = beta * (chosen - rejected)  # (B/2,)
+    losses = -(1.0 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)  # (B/2,)
+    loss = losses.mean() if losses.numel() else logprobs.sum() * 0.0
+    metrics = {
+        "dpo/reward_accuracy": float((z > 0).float().mean()) if z.numel() else 0.0,
+        "dpo/margin": float(z.detach().mean() / beta) if z.numel() else 0.0,
+    }
+    return loss, metrics
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
+               clip: float | None = 0.2, agg: str = "token-mean") -> torch.Tensor:
+    """Clipped critic loss of PPO (Schulman et al. 2017; veRL ``compute_value_loss``).
+
+    V_clip = old_values + clamp(values − old_values, −clip, clip);
+    l = ½ · max((values − R)², (V_clip − R)²), aggregated; ``clip=None``: l = ½ (values − R)².
+    """
+    unclipped = (values - returns) ** 2  # (B, T)
+    if clip is None:
+        return 0.5 * aggregate(unclipped, mask, agg)
+    clipped_values = old_values + (values - old_values).clamp(-clip, clip)  # (B, T)
+    return 0.5 * aggregate(torch.maximum(unclipped, (clipped_values - returns) ** 2), mask, agg)
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
@@ -171,6 +208,7 @@ class LossInputs:
     advantages: torch.Tensor
     mask: torch.Tensor
     is_expert: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None  # set for losses registered with ``needs_reference``
 
 
 @register_loss("ppo_clip")
@@ -185,6 +223,12 @@ def _ppo_clip(x: LossInputs, *, clip_low: float = 0.2, clip_high: float = 0.2, d
 def _opmd(x: LossInputs, *, tau: float = 1.0, agg: str = "token-mean", **_) -> tuple[torch.Tensor, dict[str, float]]:
     loss = opmd_loss(x.logprobs, x.advantages, x.mask, tau=tau, agg=agg)
     return loss, {"loss/policy": float(loss.detach())}
+
+
+@register_loss("dpo", pairwise=True, needs_reference=True)
+def _dpo(x: LossInputs, *, beta: float = 0.1, label_smoothing: float = 0.0, **_) -> tuple[torch.Tensor, dict[str, float]]:
+    loss, metrics = dpo_loss(x.logprobs, x.ref_logprobs, x.mask, beta=beta, label_smoothing=label_smoothing)
+    return loss, {**metrics, "loss/policy": float(loss.detach())}
 
 
 @register_loss("sft")

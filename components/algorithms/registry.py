@@ -18,22 +18,34 @@ from importlib.metadata import entry_points
 _REGISTRIES: dict[str, dict[str, Callable]] = {"advantages": {}, "losses": {}}
 
 
-def _register(kind: str, name: str) -> Callable[[Callable], Callable]:
+def _register(kind: str, name: str, **traits: bool) -> Callable[[Callable], Callable]:
     def decorate(fn: Callable) -> Callable:
+        for trait, value in traits.items():
+            setattr(fn, trait, value)
         _REGISTRIES[kind][name] = fn
         return fn
 
     return decorate
 
 
-def register_advantage(name: str) -> Callable[[Callable], Callable]:
-    """Decorator: register an advantage function ``fn(rewards, group_ids, **options) -> (B,)``."""
-    return _register("advantages", name)
+def register_advantage(name: str, *, needs_critic: bool = False) -> Callable[[Callable], Callable]:
+    """Decorator: register an advantage function.
+
+    Outcome advantages: ``fn(rewards (B,), group_ids, **options) -> (B,)``. With ``needs_critic``
+    (GAE-style): ``fn(token_rewards (B, T), values (B, T), mask (B, T), **options) -> (advantages,
+    returns)``, both (B, T); the trainer then keeps a critic model and trains it on the returns.
+    """
+    return _register("advantages", name, needs_critic=needs_critic)
 
 
-def register_loss(name: str) -> Callable[[Callable], Callable]:
-    """Decorator: register a policy loss ``fn(batch: LossInputs, **options) -> (loss, metrics)``."""
-    return _register("losses", name)
+def register_loss(name: str, *, pairwise: bool = False, needs_reference: bool = False) -> Callable[[Callable], Callable]:
+    """Decorator: register a policy loss ``fn(batch: LossInputs, **options) -> (loss, metrics)``.
+
+    ``pairwise``: the trainer feeds rows as (chosen, rejected) pairs at even/odd positions, built
+    from each group's best and worst responses (``sampling.preference_pairs``), never splitting a
+    pair. ``needs_reference``: ``batch.ref_logprobs`` holds a frozen reference model's log-probs.
+    """
+    return _register("losses", name, pairwise=pairwise, needs_reference=needs_reference)
 
 
 def _lookup(kind: str, name: str) -> Callable:

@@ -47,10 +47,14 @@ def test_gae_by_hand():
     rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
     values = torch.tensor([[0.5, 0.6, 0.7, 9.0]])  # the 4th token is padding: its value must not leak
     mask = torch.tensor([[1, 1, 1, 0]])
-    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0, whiten=False)
     assert_close(adv, torch.tensor([[0.5, 0.4, 0.3, 0.0]]))  # A_t = Σ r − V_t
     assert_close(ret, torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
-    adv, _ = gae_advantages(rewards, values, mask, gamma=0.9, lam=0.95)
+    # whitened over the 3 unmasked tokens: (A − 0.4) / std([.5, .4, .3]) = [1, 0, −1]; returns unchanged
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert_close(adv, torch.tensor([[1.0, 0.0, -1.0, 0.0]]), atol=1e-5, rtol=0)
+    assert_close(ret, torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
+    adv, _ = gae_advantages(rewards, values, mask, gamma=0.9, lam=0.95, whiten=False)
     # δ = [.04, .03, .3]; A_2 = .3, A_1 = .03 + .855·.3, A_0 = .04 + .855·A_1
     a1 = 0.03 + 0.855 * 0.3
     assert_close(adv, torch.tensor([[0.04 + 0.855 * a1, a1, 0.3, 0.0]]))

@@ -7,8 +7,8 @@ import torch
 from torch.testing import assert_close
 
 from components.algorithms import (
-    aggregate, get_advantage, get_loss, grpo_advantages, kl_penalty, mix_loss, ppo_clip_loss, register_advantage,
-    sft_loss,
+    aggregate, dpo_loss, get_advantage, get_loss, grpo_advantages, kl_penalty, mix_loss, ppo_clip_loss,
+    register_advantage, sft_loss, value_loss,
 )
 
 S = 0.5 / math.sqrt(0.5)  # 0.70711: |r − mean| / unbiased std for a group of two distinct rewards
@@ -157,3 +157,41 @@ def test_opmd_loss_is_advantage_weighted_nll_shrunk_by_tau():
     # l = −A·logprobs = [1, 2] → token-mean 1.5, / (1 + τ) with τ = 1
     loss = opmd_loss(torch.tensor([[-1.0, -2.0]]), torch.tensor([1.0]), torch.ones(1, 2), tau=1.0)
     assert_close(loss, torch.tensor(0.75))
+
+
+def test_dpo_loss_by_hand():
+    # pair 1: ρ_c = (−1 − −2) = 1 over 2 tokens → 2; ρ_r = −1; z = β·3 = 0.3
+    # pair 2 (the second token of each row masked): ρ_c = 0, ρ_r = 0.5 → z = −0.05
+    logprobs = torch.tensor([[-1.0, -1.0], [-2.0, -2.0], [-1.0, -9.0], [-0.5, 7.0]])
+    ref = torch.tensor([[-2.0, -2.0], [-1.5, -1.5], [-1.0, 0.0], [-1.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 0]])
+    loss, metrics = dpo_loss(logprobs, ref, mask, beta=0.1)
+    expected = (-math.log(1 / (1 + math.exp(-0.3))) - math.log(1 / (1 + math.exp(0.05)))) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert metrics["dpo/reward_accuracy"] == 0.5 and metrics["dpo/margin"] == pytest.approx((3 - 0.5) / 2, rel=1e-5)
+    # label smoothing ε: −(1−ε)·log σ(z) − ε·log σ(−z)
+    smooth, _ = dpo_loss(logprobs[:2], ref[:2], mask[:2], beta=0.1, label_smoothing=0.2)
+    assert smooth.item() == pytest.approx(0.8 * math.log1p(math.exp(-0.3)) + 0.2 * math.log1p(math.exp(0.3)), rel=1e-5)
+    # extreme log-ratios: finite loss and gradient
+    big = torch.tensor([[-1e4], [1e4]], requires_grad=True)
+    out, _ = dpo_loss(big, torch.zeros(2, 1), torch.ones(2, 1))
+    out.backward()
+    assert torch.isfinite(out) and torch.isfinite(big.grad).all()
+    with pytest.raises(ValueError, match="pairs"):
+        dpo_loss(logprobs[:3], ref[:3], mask[:3])
+
+
+def test_value_loss_clips_the_move_away_from_old_values():
+    old = torch.tensor([[0.0, 0.0, 5.0]])
+    returns = torch.tensor([[1.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 2.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    # token 0: V_clip = 0.2; max((.5−1)², (.2−1)²) = .64; token 1: V_clip = .2; max(1, .64) = 1; token 2 masked
+    assert value_loss(values, old, returns, mask, clip=0.2).item() == pytest.approx(0.5 * (0.64 + 1.0) / 2)
+    assert value_loss(values, old, returns, mask, clip=None).item() == pytest.approx(0.5 * (0.25 + 1.0) / 2)
+
+
+def test_registered_traits_tell_the_trainer_what_a_part_needs():
+    assert get_loss("dpo").pairwise and get_loss("dpo").needs_reference
+    assert not getattr(get_loss("ppo_clip"), "pairwise", False)
+    assert get_advantage("gae").needs_critic and not get_advantage("grpo").needs_critic

@@ -17,6 +17,8 @@ def test_preset_runs_two_rounds(preset, tmp_path):
         f"name=p-{preset}", f"algorithm.name={preset}", "taskset.size=300", "taskset.eval_size=10",
         "trainer.warmup_steps=2", "trainer.micro_batch_size=16", "explorer.tasks_per_round=4",
         "explorer.repeat_times=4", "algorithm.expert_per_round=8",
+        # DPO pairs need groups with a right and a wrong answer: a longer warm start, dynamic sampling
+        *(["trainer.warmup_steps=100", "algorithm.dynamic_sampling=true"] if preset == "dpo" else []),
     ])
     campaign = Campaign(cfg, tmp_path)
     campaign.prepare()
@@ -25,12 +27,17 @@ def test_preset_runs_two_rounds(preset, tmp_path):
         metrics = campaign.run_round(r)
         assert all(math.isfinite(v) for v in metrics.values()), metrics
         if preset == "dapo":  # an untrained model's groups mostly score all 0: dynamic sampling drops them
-            kept_rows = (4 - metrics["sample/dropped_groups"]) * 4
-            assert metrics["sample/dropped_groups"] >= 1 and metrics["train/steps"] == math.ceil(kept_rows / 16)
+            informative = metrics["explore/rows"] / 4 - metrics["sample/dropped_groups"]
+            # ... and refills: more task batches until 4 groups with signal, or the 4-batch limit
+            assert metrics["explore/batches"] == 4 or (metrics["explore/batches"] > 1 and informative >= 4)
+            assert metrics["train/steps"] == math.ceil(min(informative, 4) * 4 / 16)
             continue
         assert metrics["train/steps"] >= 1
+        if preset == "dpo":
+            assert metrics["sample/pairs"] >= 1 and metrics["train/steps"] == math.ceil(metrics["sample/pairs"] * 2 / 16)
         assert metrics["sync/weight_version"] == r + 1  # the warm start synced once
-    expected = {"sft": "loss/sft", "mix": "loss/sft", "dapo": "sample/dropped_groups"}.get(preset, "loss/policy")
+    expected = {"sft": "loss/sft", "mix": "loss/sft", "dapo": "sample/dropped_groups", "ppo": "critic/loss",
+                "dpo": "dpo/reward_accuracy"}.get(preset, "loss/policy")
     assert expected in metrics
 
 

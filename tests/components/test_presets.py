@@ -5,7 +5,9 @@ import pytest
 
 from components.algorithms import check_algorithm
 from components.config import ALGORITHM_PRESETS, AlgorithmConfig, ConfigError, load_config
-from components.sampling import drop_zero_variance_groups
+from components.sampling import (
+    drop_stale, drop_zero_variance_groups, first_groups, informative_groups, preference_pairs,
+)
 
 
 def test_presets_resolve_and_config_keys_override_them():
@@ -27,7 +29,7 @@ def test_every_preset_names_registered_parts():
 def test_unknown_advantage_or_loss_fails_with_the_known_names():
     with pytest.raises(ConfigError, match=r"algorithm\.advantage.*unknown advantage 'nope'; known: .*rloo"):
         check_algorithm(load_config(None, ["algorithm.advantage=nope"]).algorithm)
-    with pytest.raises(ConfigError, match=r"algorithm\.loss.*known: mix, opmd, ppo_clip, sft"):
+    with pytest.raises(ConfigError, match=r"algorithm\.loss.*known: dpo, mix, opmd, ppo_clip, sft"):
         check_algorithm(load_config(None, ["algorithm.loss=nope"]).algorithm)
     with pytest.raises(ConfigError, match=r"algorithm\.name"):
         load_config(None, ["algorithm.name=magic"])
@@ -41,8 +43,26 @@ def test_dynamic_sampling_drops_groups_with_equal_rewards():
 
 
 def test_staleness_limit_drops_old_experiences():
-    from components.sampling import drop_stale
-
     table = pa.table({"model_version": [1, 2, 3, 4, 5]})
     kept, dropped = drop_stale(table, current_version=5, max_staleness=2)
     assert kept.column("model_version").to_pylist() == [3, 4, 5] and dropped == 2
+
+
+def test_dynamic_sampling_counts_informative_groups_and_fills_to_exactly_n():
+    table = pa.table({"group_id": ["a", "a", "b", "b", "c", "c", "d", "d"],
+                      "reward": [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.5, 0.0]})
+    assert informative_groups(table) == 3  # b, c, d
+    kept, _ = drop_zero_variance_groups(table)
+    assert first_groups(kept, 2).column("group_id").to_pylist() == ["b", "b", "c", "c"]
+    assert first_groups(kept, 5).num_rows == 6
+
+
+def test_preference_pairs_match_best_with_worst_and_skip_ties():
+    table = pa.table({"group_id": ["a"] * 5 + ["b"] * 2 + ["c"] * 2,
+                      "reward": [0.0, 1.0, 0.0, 1.0, 0.5, 1.0, 1.0, 0.0, 0.2],
+                      "i": list(range(9))})
+    pairs, n = preference_pairs(table)
+    # a ranked: 1, 3 (1.0), 4 (0.5), 0, 2 (0.0) → (1, 2), (3, 0); 4 is the middle. b: tie → none. c: (8, 7)
+    assert n == 3 and pairs.column("i").to_pylist() == [1, 2, 3, 0, 8, 7]
+    rewards = pairs.column("reward").to_pylist()
+    assert all(c > r for c, r in zip(rewards[0::2], rewards[1::2]))

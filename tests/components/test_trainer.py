@@ -81,3 +81,41 @@ def test_kl_in_reward_subtracts_beta_times_summed_kl(tiny):
     metrics = trainer.train(rows)
     assert metrics["reward/kl_penalised_mean"] == pytest.approx(expected, abs=1e-4)
     assert "kl/k1" not in metrics  # not also a loss term
+
+
+def test_ppo_trains_a_critic_on_token_level_gae(tiny):
+    model, tokenizer = tiny
+    trainer = Trainer(copy.deepcopy(model), tokenizer.pad_token_id, TrainerConfig(lr=1e-4, micro_batch_size=4),
+                      AlgorithmConfig(name="ppo", critic_lr=1e-3, advantage_options={"whiten": False}))
+    rows = _explorer_rows(model, tokenizer)
+    rows[0]["response_ids"] = rows[0]["response_ids"] + [tokenizer.eos_token_id]  # unequal lengths: 3 vs 2
+    rows[0]["response_logprobs"] = rows[0]["response_logprobs"] + [-1.0]
+    first = trainer.train(rows)
+    assert trainer.critic is not None and {"critic/loss", "critic/explained_variance", "loss/policy"} <= set(first)
+    # token-level advantages: (N, R_max), zero past each row's last token; with V = critic's values,
+    # A_t = Σ_{k≥t} (γλ)^{k−t} δ_k, so the last token's A = reward − V_last
+    advantages, targets, _ = trainer._advantages(rows)
+    assert advantages.shape == (4, 3) and advantages[1:, 2].eq(0).all() and advantages[0, 2] != 0
+    last = torch.tensor([r["reward"] for r in rows]) - targets["old_values"][torch.arange(4), [2, 1, 1, 1]]
+    torch.testing.assert_close(advantages[torch.arange(4), [2, 1, 1, 1]], last)
+    torch.testing.assert_close(targets["returns"], (advantages + targets["old_values"]) * (advantages != 0))
+    for _ in range(15):
+        later = trainer.train(rows)
+    assert later["critic/loss"] < first["critic/loss"] / 2  # the critic fits the returns
+
+
+def test_dpo_raises_the_chosen_response_over_the_rejected(tiny):
+    from components.sampling import preference_pairs
+    import pyarrow as pa
+
+    model, tokenizer = tiny
+    trainer = Trainer(copy.deepcopy(model), tokenizer.pad_token_id, TrainerConfig(lr=1e-3, micro_batch_size=4),
+                      AlgorithmConfig(name="dpo", beta=0.5))
+    paired, n = preference_pairs(pa.Table.from_pylist(_explorer_rows(model, tokenizer)))
+    rows = paired.to_pylist()
+    assert n == 2 and [r["reward"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
+    first = trainer.train(rows)
+    assert first["dpo/margin"] == pytest.approx(0.0, abs=1e-5)  # the reference is the policy at the start
+    for _ in range(10):
+        last = trainer.train(rows)
+    assert last["dpo/reward_accuracy"] == 1.0 and last["dpo/margin"] > 1.0 and last["loss/policy"] < first["loss/policy"]
