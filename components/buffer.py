@@ -8,17 +8,29 @@ Object layout under ``<campaign>/`` (every Parquet shard committed with a marker
     experiences/expert/part-*.parquet            demonstrations (expert source)
     quarantine/round=NNNNNN/part-*.parquet        rows that broke the contract, with ``reason``
     checkpoints/vNNNNNN/                          safetensors + config + tokenizer
+    state/<name>.json                             what resume needs: the FIFO cursor, replay use
+                                                  counts, measured pass rates
+
+Consumption of explorer experiences (``take_fifo``, ``take_replay``) returns the rows and a
+``commit`` callable; the caller runs it once the rows are trained on, so a crash in between
+re-serves the same rows instead of losing them.
 """
 
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from components.experience import SCHEMA
-from components.shards import read_committed, write_shard
+from components.shards import committed_shards, read_committed, read_shard, write_shard
 from components.storage import ObjectStore
+
+Commit = Callable[[], None]
 
 
 def round_dir(round_no: int) -> str:
@@ -31,6 +43,7 @@ class ExperienceBuffer:
     def __init__(self, store: ObjectStore, campaign: str):
         self.store, self.campaign = store, campaign
         self._expert: pa.Table | None = None
+        self._shards: dict[str, pa.Table] = {}  # committed shards never change: cache them
 
     def key(self, *parts: str) -> str:
         return "/".join([self.campaign, *parts])
@@ -53,8 +66,79 @@ class ExperienceBuffer:
     def write_usual(self, round_no: int, table: pa.Table) -> str:
         return write_shard(self.store, self.key("experiences", "usual", round_dir(round_no)), table)
 
-    def read_usual(self, round_no: int) -> pa.Table:
-        return read_committed(self.store, self.key("experiences", "usual", round_dir(round_no)), SCHEMA)
+    def usual_shards(self) -> list[str]:
+        """Committed usual-experience shards, oldest round first."""
+        return committed_shards(self.store, self.key("experiences", "usual"))
+
+    def _shard(self, key: str) -> pa.Table:
+        if key not in self._shards:
+            self._shards[key] = read_shard(self.store, key)
+        return self._shards[key]
+
+    def take_fifo(self, max_rows: int | None = None) -> tuple[pa.Table, Commit]:
+        """The oldest explorer rows not yet consumed, in store order, whole groups, about
+        ``max_rows`` of them (a group is never split; None = all). The cursor
+        (``state/fifo_cursor.json``: next shard and row) moves only when ``commit`` runs."""
+        cursor = self.read_state("fifo_cursor", {"shard": "", "offset": 0})
+        taken, n, after = [], 0, dict(cursor)
+        for key in self.usual_shards():
+            if key < cursor["shard"]:
+                continue
+            table = self._shard(key)
+            start = cursor["offset"] if key == cursor["shard"] else 0
+            if start >= table.num_rows:
+                continue
+            end = table.num_rows if max_rows is None else _group_end(table, start + max_rows - n)
+            taken.append(table.slice(start, end - start))
+            n, after = n + end - start, {"shard": key, "offset": end}
+            if max_rows is not None and n >= max_rows:
+                break
+        rows = pa.concat_tables(taken) if taken else SCHEMA.empty_table()
+        return rows, lambda: self.write_state("fifo_cursor", after)
+
+    def take_replay(self, n_rows: int, current_version: int, rng: random.Random, *, decay: float = 1.0,
+                    reuse_limit: int = 2, max_staleness: int | None = None) -> tuple[pa.Table, Commit]:
+        """Whole groups by priority = model_version − decay × uses (ties in ``rng`` order), until
+        ``n_rows`` rows; groups used ``reuse_limit`` times or older than ``max_staleness`` versions
+        are out. Use counts (``state/replay_uses.json``) are bumped when ``commit`` runs."""
+        shards = [self._shard(k) for k in self.usual_shards()]
+        if not shards:
+            return SCHEMA.empty_table(), lambda: None
+        table = pa.concat_tables(shards)
+        uses: dict[str, int] = self.read_state("replay_uses", {})
+        stats = table.group_by("group_id").aggregate([("model_version", "max"), ("group_id", "count")])
+        candidates = []
+        for gid, version, size in zip(*(stats.column(c).to_pylist() for c in
+                                        ("group_id", "model_version_max", "group_id_count"))):
+            used = uses.get(gid, 0)
+            if used >= reuse_limit or (max_staleness is not None and version < current_version - max_staleness):
+                continue
+            candidates.append((-(version - decay * used), rng.random(), gid, size))
+        picked, rows = [], 0
+        for _, _, gid, size in sorted(candidates):
+            if rows >= n_rows:
+                break
+            picked.append(gid)
+            rows += size
+        chosen = table.filter(pc.is_in(table.column("group_id"), value_set=pa.array(picked, pa.string())))
+
+        def commit() -> None:
+            for gid in picked:
+                uses[gid] = uses.get(gid, 0) + 1
+            self.write_state("replay_uses", uses)
+
+        return chosen, commit
+
+    # state -----------------------------------------------------------------------------------
+    def read_state(self, name: str, default: Any = None) -> Any:
+        """The JSON object at ``state/<name>.json``, or ``default`` if there is none."""
+        try:
+            return json.loads(self.store.get(self.key("state", f"{name}.json")))
+        except KeyError:
+            return default
+
+    def write_state(self, name: str, value: Any) -> None:
+        self.store.put(self.key("state", f"{name}.json"), json.dumps(value, sort_keys=True).encode())
 
     def write_expert(self, table: pa.Table, part: int = 0) -> str:
         self._expert = None
@@ -79,3 +163,14 @@ class ExperienceBuffer:
 
     def checkpoint_prefix(self, version: int) -> str:
         return self.key("checkpoints", f"v{version:06d}")
+
+
+def _group_end(table: pa.Table, end: int) -> int:
+    """``end`` moved forward to the end of the group that row ``end − 1`` belongs to."""
+    if end >= table.num_rows:
+        return table.num_rows
+    groups = table.column("group_id")
+    last = groups[end - 1].as_py()
+    while end < table.num_rows and groups[end].as_py() == last:
+        end += 1
+    return end

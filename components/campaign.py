@@ -27,7 +27,8 @@ from components.sampling import (
 )
 from components.storage import open_store
 from components.sync import MemoryWeightSync
-from components.tasksets import Task, load_tasks, select_tasks, tasks_from_table, tasks_to_table
+from components.selectors import PassRates, select_tasks
+from components.tasksets import Task, load_tasks, tasks_from_table, tasks_to_table
 from components.trainer import Trainer
 from components.validation import ContractBounds, check_experiences
 
@@ -94,8 +95,11 @@ class Campaign:
         ex, algo = self.cfg.explorer, self.cfg.algorithm
         torch.manual_seed(self.cfg.seed * 1_000_003 + round_no)
         tables, batches = [], 0
+        rates = self.pass_rates() if ex.task_selector == "curriculum" else None
         while True:
-            tasks = select_tasks(self.train_tasks, round_no, ex.tasks_per_round, self.cfg.seed, batch=batches)
+            tasks = select_tasks(self.train_tasks, round_no, ex.tasks_per_round, self.cfg.seed,
+                                 selector=ex.task_selector, batch=batches, pass_rates=rates,
+                                 target=ex.curriculum_target)
             tables.append(explorer.explore(
                 self.engine, tasks, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
                 temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=self.weights.version,
@@ -132,17 +136,36 @@ class Campaign:
         accepted = verified.filter(pc.invert(rejected)).drop_columns(["reason"])
         self.buffer.write_usual(round_no, accepted)
         self.buffer.write_quarantine(round_no, verified.filter(rejected))
-        return {"buffer/usual_rows": accepted.num_rows}
+        metrics = {"buffer/usual_rows": accepted.num_rows}
+        if self.cfg.explorer.task_selector == "curriculum":
+            rates = self.pass_rates()
+            if rates.add_round(round_no, zip(accepted.column("task_id").to_pylist(),
+                                             accepted.column("reward").to_pylist())):
+                self.buffer.write_state("pass_rates", rates.to_state())
+            metrics["curriculum/mean_pass_rate"] = rates.mean()
+        return metrics
+
+    def pass_rates(self) -> PassRates:
+        """Measured pass rates of the training tasks (``state/pass_rates.json``)."""
+        return PassRates(self.buffer.read_state("pass_rates"))
 
     def train(self, round_no: int) -> dict[str, float]:
-        """Update the policy on this round's usual experiences (+ sampled expert rows, per algorithm)."""
-        algo = self.cfg.algorithm
-        parts, metrics = [], {}
+        """Update the policy on explorer experiences taken from the buffer (FIFO or replay, see
+        ``buffer``) plus sampled expert rows, per algorithm; then mark those experiences consumed."""
+        algo, buf = self.cfg.algorithm, self.cfg.buffer
+        parts, metrics, commit = [], {}, None
         if algo.uses_explorer:
-            usual = self.buffer.read_usual(round_no)
-            if algo.max_staleness is not None:
-                usual, stale = drop_stale(usual, self.weights.version, algo.max_staleness)
-                metrics["sample/dropped_stale"] = float(stale)
+            if buf.sampling == "replay":
+                n_rows = buf.train_rows or self.cfg.explorer.tasks_per_round * self.cfg.explorer.repeat_times
+                usual, commit = self.buffer.take_replay(n_rows, self.weights.version, self.rng,
+                                                        decay=buf.priority_decay, reuse_limit=buf.reuse_limit,
+                                                        max_staleness=algo.max_staleness)
+            else:
+                usual, commit = self.buffer.take_fifo(buf.train_rows)
+                if algo.max_staleness is not None:
+                    usual, stale = drop_stale(usual, self.weights.version, algo.max_staleness)
+                    metrics["sample/dropped_stale"] = float(stale)
+            metrics["sample/usual_rows"] = float(usual.num_rows)
             if algo.setting("dynamic_sampling"):
                 usual, dropped = drop_zero_variance_groups(usual)
                 usual = first_groups(usual, self.cfg.explorer.tasks_per_round)
@@ -156,7 +179,10 @@ class Campaign:
         rows = pa.concat_tables(parts).to_pylist()
         lr = self.trainer.round_lr(round_no, self.cfg.rounds)
         self.trainer.set_lr(lr)
-        return {**self.trainer.train(rows), **metrics, "train/lr": lr}
+        metrics = {**self.trainer.train(rows), **metrics, "train/lr": lr}
+        if commit is not None:
+            commit()
+        return metrics
 
     def sync(self, round_no: int) -> dict[str, float]:
         """Push the trainer's weights to the explorer; bump the weight version."""

@@ -65,6 +65,13 @@ class ExplorerConfig(_Section):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 keeps log-probs on-policy).")
     max_new_tokens: int = Field(16, gt=0, description="Longest response, in tokens.")
     batch_size: int = Field(256, gt=0, description="Sequences generated per forward batch.")
+    task_selector: Literal["sequential", "shuffle", "random", "curriculum"] = Field(
+        "shuffle", description="Which tasks each round explores (see components.selectors): in taskset order, "
+        "a seeded shuffle per pass, an independent sample per round, or a curriculum by measured pass rate.",
+    )
+    curriculum_target: float = Field(
+        0.5, ge=0, le=1, description="Curriculum: prefer tasks whose estimated pass rate is closest to this."
+    )
 
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -204,8 +211,41 @@ class EvalConfig(_Section):
     max_new_tokens: int = Field(16, gt=0, description="Longest greedy answer, in tokens.")
 
 
+class BufferConfig(_Section):
+    sampling: Literal["fifo", "replay"] = Field(
+        "fifo", description="`fifo`: train on the oldest unconsumed explorer experiences, once each (on-policy; "
+        "the cursor is kept in the store). `replay`: sample whole groups by priority = weight version − "
+        "priority_decay × times used, each used at most `reuse_limit` times (off-policy).",
+    )
+    train_rows: int | None = Field(
+        None, gt=0, description="Explorer rows per training round (whole groups). None: fifo takes every "
+        "unconsumed row; replay takes tasks_per_round × repeat_times.",
+    )
+    priority_decay: float = Field(1.0, ge=0, description="Replay: priority lost per use of a group.")
+    reuse_limit: int = Field(2, gt=0, description="Replay: the most times one group is trained on.")
+
+
 class StorageConfig(_Section):
-    url: str | None = Field(None, description="Object store URL; default `file://<run dir>/store`.")
+    url: str | None = Field(
+        None, description="Object store URL: `file:///dir` or `s3://bucket/prefix`; default `file://<run dir>/store`."
+    )
+    endpoint_url: str | None = Field(
+        None, description="S3 endpoint (MinIO, Ceph, R2, …); default: AWS_ENDPOINT_URL(_S3) or AWS itself."
+    )
+    region: str | None = Field(None, description="S3 region; default: AWS_REGION / AWS_DEFAULT_REGION / profile.")
+    addressing_style: Literal["auto", "path", "virtual"] | None = Field(
+        None, description="S3 addressing: `path` for most self-hosted servers; default: botocore's choice."
+    )
+    checksum: Literal["when_required", "when_supported"] = Field(
+        "when_required", description="S3 request checksums: `when_required` works with older S3-compatible "
+        "servers that reject the checksums boto3 ≥ 1.36 sends by default.",
+    )
+    max_attempts: int = Field(5, gt=0, description="S3 attempts per request (retries back off on throttling and 5xx).")
+
+    def store_options(self) -> dict[str, Any]:
+        """Keyword options for ``open_store`` (S3 only; credentials come from the AWS chain, never config)."""
+        return {"endpoint_url": self.endpoint_url, "region": self.region, "addressing_style": self.addressing_style,
+                "checksum": self.checksum, "max_attempts": self.max_attempts}
 
 
 class TrackingConfig(_Section):
@@ -225,6 +265,7 @@ class CampaignConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 

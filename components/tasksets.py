@@ -174,20 +174,4 @@ def tasks_from_table(table: pa.Table) -> list[Task]:
     ]
 
 
-def select_tasks(tasks: list[Task], round_no: int, k: int, seed: int, batch: int = 0) -> list[Task]:
-    """The ``k`` tasks of round ``round_no`` (1-based): a fresh seeded shuffle per pass over the
-    taskset, taken in order — deterministic in (seed, round), so a re-run round sees the same tasks.
-    Extra batches of a round (``batch`` ≥ 1, dynamic sampling's refills) are seeded samples of k."""
-    if batch:
-        return random.Random(f"{seed}:{round_no}:{batch}").sample(tasks, min(k, len(tasks)))
-    picked: list[Task] = []
-    start = (round_no - 1) * k
-    while len(picked) < k:
-        epoch, offset = divmod(start + len(picked), len(tasks))
-        order = list(range(len(tasks)))
-        random.Random(f"{seed}:{epoch}").shuffle(order)
-        picked.extend(tasks[i] for i in order[offset: offset + k - len(picked)])
-    return picked
-
-
-__all__ = ["Task", "TasksetError", "check_taskset", "load_tasks", "select_tasks", "tasks_from_table", "tasks_to_table"]
+__all__ = ["Task", "TasksetError", "check_taskset", "load_tasks", "tasks_from_table", "tasks_to_table"]

@@ -54,3 +54,22 @@ def test_kl_entropy_and_staleness_options_run_in_a_campaign(tmp_path):
     # on-policy: every row is from the current version, none is stale
     assert metrics["sample/dropped_stale"] == 0 and metrics["train/steps"] == 1
     assert metrics["kl/low_var_kl"] >= 0 and metrics["policy/entropy"] > 0
+
+
+def test_replay_buffer_and_curriculum_run_in_a_campaign(tmp_path):
+    cfg = load_config(CONFIG, [
+        "name=cur", "algorithm.name=grpo", "buffer.sampling=replay", "buffer.train_rows=32",
+        "explorer.task_selector=curriculum", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2",
+        "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
+    ])
+    campaign = Campaign(cfg, tmp_path)
+    campaign.prepare()
+    campaign.warm_start()
+    metrics = [campaign.run_round(r) for r in (1, 2)]
+    # round 2 replays 32 rows (8 groups) out of the 2 rounds' 32 rows; each group used at most twice
+    assert metrics[0]["sample/usual_rows"] == 16 and metrics[1]["sample/usual_rows"] == 32
+    uses = campaign.buffer.read_state("replay_uses")
+    assert len(uses) == 8 and set(uses.values()) <= {1, 2}
+    rates = campaign.pass_rates()
+    assert rates.rounds == {1, 2} and sum(n for _, n in rates.tasks.values()) == 32
+    assert 0 <= metrics[1]["curriculum/mean_pass_rate"] <= 1

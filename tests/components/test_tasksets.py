@@ -4,7 +4,8 @@ import pytest
 
 from components.config import TasksetConfig
 from components.rewards import make_reward_fn
-from components.tasksets import TasksetError, check_taskset, load_tasks, select_tasks
+from components.selectors import select_tasks
+from components.tasksets import TasksetError, check_taskset, load_tasks
 
 ARITH = dict(source="reasoning_gym:chain_sum", params={"min_terms": 2, "max_terms": 2, "max_digits": 2},
              size=3000, eval_size=100, prompt_template="{expression} =")
