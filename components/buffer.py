@@ -32,6 +32,15 @@ from components.storage import ObjectStore
 
 Commit = Callable[[], None]
 
+# What ``rftflow buffer`` can read: kind → key prefix under the campaign.
+KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"), "quarantine": ("quarantine",),
+         "tasks": ("tasksets",)}
+
+
+def campaigns_in(store: ObjectStore) -> list[str]:
+    """Campaign prefixes in ``store``: top-level names that hold a taskset."""
+    return sorted({k.split("/", 1)[0] for k in store.list("") if "/tasksets/" in k})
+
 
 def round_dir(round_no: int) -> str:
     return f"round={round_no:06d}"
@@ -128,6 +137,35 @@ class ExperienceBuffer:
             self.write_state("replay_uses", uses)
 
         return chosen, commit
+
+    # inspection ------------------------------------------------------------------------------
+    def read_kind(self, kind: str, round_no: int | None = None) -> pa.Table:
+        """Every committed row of ``kind`` (see ``KINDS``), or one round's (usual, quarantine)."""
+        if kind not in KINDS:
+            raise KeyError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
+        parts = [*KINDS[kind], *([round_dir(round_no)] if round_no is not None else [])]
+        try:
+            return read_committed(self.store, self.key(*parts))
+        except KeyError:
+            return pa.table({})
+
+    def counts(self) -> list[dict[str, Any]]:
+        """Rows per (kind, round, source) for experiences and quarantine, per split for tasks."""
+        out = []
+        for kind in ("usual", "expert", "quarantine"):
+            table = self.read_kind(kind)
+            if table.num_rows:
+                stats = table.group_by(["round", "source"]).aggregate([("round", "count")])
+                out += sorted(({"kind": kind, "round": r, "source": s, "rows": n} for r, s, n in zip(
+                    *(stats.column(c).to_pylist() for c in ("round", "source", "round_count")))),
+                    key=lambda d: (d["round"], d["source"]))
+        for split in ("train", "eval"):
+            try:
+                n = self.read_tasks(split).num_rows
+            except KeyError:
+                continue
+            out.append({"kind": "tasks", "round": None, "source": split, "rows": n})
+        return out
 
     # state -----------------------------------------------------------------------------------
     def read_state(self, name: str, default: Any = None) -> Any:

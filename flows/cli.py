@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -57,6 +58,93 @@ def run(
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     Console().print(table)
     Console().print(f"summary: {Path(summary['run_dir']) / 'summary.json'}")
+
+
+buffer_app = typer.Typer(no_args_is_help=True, help="Inspect what a campaign stored: counts, rows, exports.")
+app.add_typer(buffer_app, name="buffer")
+StoreArg = Annotated[str, typer.Argument(help="A run dir, or a store URL (file:///…, s3://bucket/prefix).")]
+CampaignOpt = Annotated[Optional[str], typer.Option("--campaign", help="Campaign name (default: the only one).")]
+KindOpt = Annotated[str, typer.Option("--kind", help="usual, expert, quarantine or tasks.")]
+RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only this round (usual, quarantine).")]
+
+
+def _open_buffer(location: str, campaign: str | None):
+    """An ``ExperienceBuffer`` for a run dir or store URL; S3 settings come from the AWS environment."""
+    from components.buffer import ExperienceBuffer, campaigns_in
+    from components.storage import open_store
+
+    if "://" not in location:
+        run_dir = Path(location)
+        if not run_dir.is_dir():
+            _fail(f"no run dir or store at {location}")
+        summary = run_dir / "summary.json"
+        location = json.loads(summary.read_text())["store_url"] if summary.is_file() else (run_dir / "store").as_uri()
+    try:
+        store = open_store(location)
+        names = campaigns_in(store)
+    except ValueError as e:
+        _fail(str(e))
+    if campaign is None:
+        if len(names) != 1:
+            _fail(f"{location}: {'no campaigns' if not names else 'several campaigns: ' + ', '.join(names)}"
+                  + ("; pick one with --campaign" if names else ""))
+        campaign = names[0]
+    elif campaign not in names:
+        _fail(f"{location}: no campaign {campaign!r}; found: {', '.join(names) or 'none'}")
+    return ExperienceBuffer(store, campaign)
+
+
+def _read(buffer, kind: str, round_no: int | None):
+    try:
+        return buffer.read_kind(kind, round_no)
+    except KeyError as e:
+        _fail(e.args[0])
+
+
+@buffer_app.command("ls")
+def buffer_ls(store: StoreArg, campaign: CampaignOpt = None) -> None:
+    """Rows stored per kind, round and source."""
+    buffer = _open_buffer(store, campaign)
+    table = Table(title=f"campaign {buffer.campaign} in {buffer.store.url}")
+    for column in ("kind", "round", "source", "rows"):
+        table.add_column(column, justify="right" if column in ("round", "rows") else "left")
+    for row in buffer.counts():
+        table.add_row(row["kind"], "" if row["round"] is None else str(row["round"]), row["source"], str(row["rows"]))
+    Console().print(table)
+
+
+@buffer_app.command("show")
+def buffer_show(store: StoreArg, campaign: CampaignOpt = None, kind: KindOpt = "usual", round_no: RoundOpt = None,
+                limit: Annotated[int, typer.Option("--limit", help="Rows to show.")] = 5) -> None:
+    """A few stored rows, as text."""
+    rows = _read(_open_buffer(store, campaign), kind, round_no)
+    columns = [c for c in ("round", "source", "task_id", "prompt", "question", "response", "answer", "reward",
+                           "model_version", "reason") if c in rows.column_names]
+    table = Table(title=f"{kind}: {rows.num_rows} rows" + (f" in round {round_no}" if round_no else ""))
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows.slice(0, limit).select(columns).to_pylist():
+        table.add_row(*("" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()))
+    Console().print(table)
+
+
+@buffer_app.command("export")
+def buffer_export(store: StoreArg, out: Annotated[Path, typer.Option("--out", help="A .jsonl or .parquet file.")],
+                  campaign: CampaignOpt = None, kind: KindOpt = "usual", round_no: RoundOpt = None) -> None:
+    """Write stored rows to JSONL or Parquet."""
+    import pyarrow.parquet as pq
+
+    if out.suffix not in (".jsonl", ".parquet"):
+        _fail(f"--out {out}: the file name must end in .jsonl or .parquet")
+    rows = _read(_open_buffer(store, campaign), kind, round_no)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        pq.write_table(rows, out)
+    else:
+        with out.open("w") as f:
+            for row in rows.to_pylist():
+                f.write(json.dumps(row, default=str) + "\n")
+    Console().print(f"{rows.num_rows} {kind} rows → {out}")
 
 
 def main() -> None:

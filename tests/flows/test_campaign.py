@@ -97,3 +97,32 @@ def test_registered_model_version_loads_with_transformers_and_answers(finished, 
     with torch.no_grad():
         out = model.generate(**prompt, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     assert out.shape[1] > prompt["input_ids"].shape[1]  # it answered something
+
+
+def test_buffer_cli_lists_shows_and_exports_what_the_campaign_stored(finished, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    cfg, run_dir, summary = finished
+    runner = CliRunner()
+    ls = runner.invoke(app, ["buffer", "ls", str(run_dir)], terminal_width=200)
+    assert ls.exit_code == 0, ls.output
+    per_round = cfg.explorer.tasks_per_round * cfg.explorer.repeat_times
+    lines = [line.split("│") for line in ls.output.splitlines() if "│" in line]
+    cells = [[c.strip() for c in line[1:-1]] for line in lines]
+    assert ["usual", "1", "explorer", str(per_round)] in cells and ["usual", "2", "explorer", str(per_round)] in cells
+    assert ["tasks", "", "eval", "20"] in cells
+    show = runner.invoke(app, ["buffer", "show", summary["store_url"], "--round", "2", "--limit", "3"],
+                         terminal_width=200)
+    assert show.exit_code == 0 and f"usual: {per_round} rows in round 2" in show.output
+    out = tmp_path / "usual.jsonl"
+    export = runner.invoke(app, ["buffer", "export", str(run_dir), "--out", str(out)])
+    assert export.exit_code == 0, export.output
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(exported) == 2 * per_round and {r["round"] for r in exported} == {1, 2}
+    parquet = tmp_path / "expert.parquet"
+    assert runner.invoke(app, ["buffer", "export", str(run_dir), "--kind", "expert", "--out", str(parquet)]).exit_code == 0
+    assert set(pq.read_table(parquet).column("source").to_pylist()) == {"expert"}
+    bad = runner.invoke(app, ["buffer", "show", str(run_dir), "--kind", "nope"])
+    assert bad.exit_code == 2 and "unknown kind 'nope'; known: usual, expert, quarantine, tasks" in bad.stderr
