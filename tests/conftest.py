@@ -26,3 +26,19 @@ def tiny():
     from components.models import load_model
 
     return load_model("builtin:tiny")
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 (a free port, own process) for the session, with fake
+    credentials and ``AWS_ENDPOINT_URL`` pointing at it in ``os.environ`` (nothing reaches AWS)."""
+    from tests.s3server import S3TestServer
+
+    with S3TestServer() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    """A fresh, empty bucket on the session's S3 server."""
+    return s3_server.new_bucket()
