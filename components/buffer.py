@@ -5,8 +5,10 @@ Object layout under ``<campaign>/`` (every Parquet shard committed with a marker
     tasksets/<split>/part-*.parquet              train and eval tasks
     staging/round=NNNNNN/<stage>/part-*.parquet   explorer output (rollouts), verified rows
     experiences/usual/round=NNNNNN/part-*.parquet accepted explorer experiences
-    experiences/expert/part-*.parquet            demonstrations (expert source)
+    experiences/expert/[ingest=<hash>/]part-*.parquet demonstrations: gold answers, ingested ones
+    experiences/human/ingest=<hash>/part-*.parquet rated responses (human feedback)
     quarantine/round=NNNNNN/part-*.parquet        rows that broke the contract, with ``reason``
+    quarantine/{tasks,ingest=<hash>}/part-*.parquet  bad task rows, bad ingested rows
     checkpoints/vNNNNNN/                          safetensors + config + tokenizer
     state/<name>.json                             what resume needs: the FIFO cursor, replay use
                                                   counts, measured pass rates
@@ -33,8 +35,8 @@ from components.storage import ObjectStore
 Commit = Callable[[], None]
 
 # What ``rftflow buffer`` can read: kind → key prefix under the campaign.
-KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"), "quarantine": ("quarantine",),
-         "tasks": ("tasksets",)}
+KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"), "human": ("experiences", "human"),
+         "quarantine": ("quarantine",), "tasks": ("tasksets",)}
 
 
 def campaigns_in(store: ObjectStore) -> list[str]:
@@ -152,13 +154,17 @@ class ExperienceBuffer:
     def counts(self) -> list[dict[str, Any]]:
         """Rows per (kind, round, source) for experiences and quarantine, per split for tasks."""
         out = []
-        for kind in ("usual", "expert", "quarantine"):
+        for kind in ("usual", "expert", "human", "quarantine"):
             table = self.read_kind(kind)
-            if table.num_rows:
-                stats = table.group_by(["round", "source"]).aggregate([("round", "count")])
-                out += sorted(({"kind": kind, "round": r, "source": s, "rows": n} for r, s, n in zip(
-                    *(stats.column(c).to_pylist() for c in ("round", "source", "round_count")))),
-                    key=lambda d: (d["round"], d["source"]))
+            if not table.num_rows:
+                continue
+            for column in ("round", "source"):  # quarantined task rows have neither
+                if column not in table.column_names:
+                    table = table.append_column(column, pa.nulls(table.num_rows, pa.string()))
+            stats = table.group_by(["round", "source"]).aggregate([([], "count_all")])
+            out += sorted(({"kind": kind, "round": r, "source": s or "tasks", "rows": n} for r, s, n in zip(
+                *(stats.column(c).to_pylist() for c in ("round", "source", "count_all")))),
+                key=lambda d: (d["round"] is None, d["round"] or 0, d["source"]))
         for split in ("train", "eval"):
             try:
                 n = self.read_tasks(split).num_rows
@@ -182,22 +188,36 @@ class ExperienceBuffer:
         self._expert = None
         return write_shard(self.store, self.key("experiences", "expert"), table, part)
 
-    def read_expert(self) -> pa.Table:
+    def write_ingested(self, source: str, ingest_id: str, table: pa.Table) -> str:
+        """Ingested ``expert`` demonstrations or ``human``-rated responses under ``ingest=<id>``."""
+        self._expert = None
+        return write_shard(self.store, self.key("experiences", source, f"ingest={ingest_id}"), table)
+
+    def read_expert(self, human_min_reward: float | None = None) -> pa.Table:
+        """Expert demonstrations (gold answers, ingested ones), plus human-rated responses whose
+        reward is at least ``human_min_reward`` (None: no human rows)."""
         if self._expert is None:
             self._expert = read_committed(self.store, self.key("experiences", "expert"), SCHEMA)
-        return self._expert
+        if human_min_reward is None:
+            return self._expert
+        human = read_committed(self.store, self.key("experiences", "human"), SCHEMA)
+        good = human.filter(pc.greater_equal(human.column("reward"), human_min_reward))
+        return pa.concat_tables([self._expert, good]) if good.num_rows else self._expert
 
-    def sample_expert(self, n: int, rng: random.Random) -> pa.Table:
-        """``n`` expert rows drawn without replacement (all of them if fewer)."""
-        expert = self.read_expert()
+    def sample_expert(self, n: int, rng: random.Random, human_min_reward: float | None = None) -> pa.Table:
+        """``n`` expert rows (see ``read_expert``) drawn without replacement (all of them if fewer)."""
+        expert = self.read_expert(human_min_reward)
         if n <= 0 or expert.num_rows == 0:
             return SCHEMA.empty_table()
         return expert.take(sorted(rng.sample(range(expert.num_rows), min(n, expert.num_rows))))
 
-    def write_quarantine(self, round_no: int, table: pa.Table) -> str | None:
+    def write_quarantine(self, where: int | str, table: pa.Table) -> str | None:
+        """Rejected rows (with ``reason``) under ``quarantine/round=NNNNNN`` (an int) or ``quarantine/<where>``
+        (``tasks``, ``ingest=<hash>``); nothing is written for an empty table."""
         if table.num_rows == 0:
             return None
-        return write_shard(self.store, self.key("quarantine", round_dir(round_no)), table)
+        return write_shard(self.store, self.key("quarantine", round_dir(where) if isinstance(where, int) else where),
+                           table)
 
     def checkpoint_prefix(self, version: int) -> str:
         return self.key("checkpoints", f"v{version:06d}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import random
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -30,7 +31,8 @@ from components.sync import MemoryWeightSync
 from components.selectors import PassRates, select_tasks
 from components.tasksets import Task, load_tasks, tasks_from_table, tasks_to_table
 from components.trainer import Trainer
-from components.validation import ContractBounds, check_experiences
+from components.pipelines import run_pipeline
+from components.validation import ValidationEntry, check_experiences, enforce
 
 
 class Campaign:
@@ -39,7 +41,8 @@ class Campaign:
     def __init__(self, cfg: CampaignConfig, run_dir: str | Path):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         torch.manual_seed(cfg.seed)
-        self.store = open_store(cfg.storage.url or (self.run_dir / "store").as_uri())
+        url = cfg.storage.url or (self.run_dir / "store").as_uri()
+        self.store = open_store(url, **(cfg.storage.store_options() if url.startswith("s3://") else {}))
         self.buffer = ExperienceBuffer(self.store, cfg.name)
         self.reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
@@ -51,17 +54,41 @@ class Campaign:
                                temperature=cfg.explorer.temperature, seed=cfg.seed)
         self.weights = MemoryWeightSync(self.trainer.unwrapped, explorer_model)
         self.rng = random.Random(cfg.seed)
+        self.validation_log: list[ValidationEntry] = []
 
     # setup -----------------------------------------------------------------------------------
     def prepare(self) -> dict[str, float]:
         """Build the taskset splits and expert demonstrations and store them (idempotent)."""
-        train, held_out = load_tasks(self.cfg.taskset, self.cfg.seed)
-        self.buffer.write_tasks("train", tasks_to_table(train))
-        self.buffer.write_tasks("eval", tasks_to_table(held_out))
+        taskset = load_tasks(self.cfg.taskset, self.cfg.seed, self.cfg.contracts)
+        train_table = tasks_to_table(taskset.train)
+        metrics: dict[str, float] = {}
+        if self.cfg.pipelines.tasks:
+            result = run_pipeline("tasks", train_table, self.cfg.pipelines.tasks, seed=self.cfg.seed)
+            train_table = result.kept
+            self._record("tasks pipeline", 0, train_table.num_rows + result.dropped.num_rows, result.dropped)
+            self.buffer.write_quarantine("tasks-pipeline", result.dropped)
+            metrics["tasks/pipeline_dropped"] = result.dropped.num_rows
+        self.buffer.write_quarantine("tasks", taskset.quarantined)
+        self._record("tasks contract", 0, len(taskset.train) + len(taskset.held_out) + taskset.quarantined.num_rows,
+                     taskset.quarantined)
+        self.buffer.write_tasks("train", train_table)
+        self.buffer.write_tasks("eval", tasks_to_table(taskset.held_out))
+        train = tasks_from_table(train_table)
         expert = explorer.expert_demonstrations(self.engine, train, campaign=self.cfg.name,
                                                 limit=self.cfg.algorithm.expert_tasks or None)
-        self.buffer.write_expert(expert)
-        return {"tasks/train": len(train), "tasks/eval": len(held_out), "tasks/expert": expert.num_rows}
+        verdict = check_experiences(expert, self.cfg.contracts.bounds(), kind="expert")
+        self._record("expert contract", 0, expert.num_rows, verdict.quarantined)
+        enforce(verdict, self.cfg.contracts.max_bad_fraction, "expert demonstrations")
+        self.buffer.write_expert(verdict.accepted)
+        self.buffer.write_quarantine("expert", verdict.quarantined)
+        return {**metrics, "tasks/train": len(train), "tasks/eval": len(taskset.held_out),
+                "tasks/quarantined": taskset.quarantined.num_rows, "tasks/expert": verdict.accepted.num_rows}
+
+    def _record(self, stage: str, round_no: int, rows: int, rejected: pa.Table) -> None:
+        """Add a line to the validation log (the campaign's validation report)."""
+        reasons = rejected.column("reason").to_pylist() if rejected.num_rows else []
+        self.validation_log.append(ValidationEntry(stage, round_no, rows, rows - rejected.num_rows, len(reasons),
+                                                   dict(Counter(p for r in reasons for p in r.split("; ")))))
 
     @functools.cached_property
     def train_tasks(self) -> list[Task]:
@@ -121,12 +148,23 @@ class Campaign:
         """Score the rollouts and check the experience contract → staging/verified (with ``reason``)."""
         scored = explorer.score(self.buffer.read_staging(round_no, "rollouts"), self.tasks_by_id, self.reward_fn,
                                 self.cfg.reward.function)
-        verdict = check_experiences(scored, ContractBounds(max_model_version=self.weights.version))
-        reasons = pa.array([None] * verdict.accepted.num_rows, pa.string())
-        verified = pa.concat_tables([verdict.accepted.append_column("reason", reasons), verdict.quarantined])
+        contracts = self.cfg.contracts
+        verdict = check_experiences(scored, contracts.bounds(max_model_version=self.weights.version,
+                                                             group_size=self.cfg.explorer.repeat_times))
+        self._record("experience contract", round_no, scored.num_rows, verdict.quarantined)
+        enforce(verdict, contracts.max_bad_fraction, f"round {round_no} experiences")
+        accepted, rejected = verdict.accepted, verdict.quarantined
+        metrics = {}
+        if self.cfg.pipelines.experiences:
+            result = run_pipeline("experiences", accepted, self.cfg.pipelines.experiences, seed=self.cfg.seed)
+            accepted, rejected = result.kept, pa.concat_tables([rejected, result.dropped], promote_options="default")
+            self._record("experience pipeline", round_no, verdict.accepted.num_rows, result.dropped)
+            metrics["pipeline/dropped"] = result.dropped.num_rows
+        reasons = pa.array([None] * accepted.num_rows, pa.string())
+        verified = pa.concat_tables([accepted.append_column("reason", reasons), rejected])
         self.buffer.write_staging(round_no, "verified", verified)
         rewards = scored.column("reward")
-        return {"reward/mean": pc.mean(rewards).as_py(), "reward/std": pc.stddev(rewards).as_py() or 0.0,
+        return {**metrics, "reward/mean": pc.mean(rewards).as_py(), "reward/std": pc.stddev(rewards).as_py() or 0.0,
                 "contract/accepted": verdict.counts["accepted"], "contract/quarantined": verdict.counts["quarantined"]}
 
     def store_round(self, round_no: int) -> dict[str, float]:
@@ -175,7 +213,7 @@ class Campaign:
                 metrics["sample/pairs"] = float(pairs)
             parts.append(usual)
         if algo.uses_expert:
-            parts.append(self.buffer.sample_expert(algo.expert_per_round, self.rng))
+            parts.append(self.buffer.sample_expert(algo.expert_per_round, self.rng, algo.human_min_reward))
         rows = pa.concat_tables(parts).to_pylist()
         lr = self.trainer.round_lr(round_no, self.cfg.rounds)
         self.trainer.set_lr(lr)

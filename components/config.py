@@ -164,7 +164,12 @@ class AlgorithmConfig(_Section):
         "Fewer than all leaves tasks that only the explorer's reward can teach, as when demonstrations are scarce.",
     )
     expert_per_round: int = Field(
-        0, ge=0, description="Expert rows (gold demonstrations) sampled into each round's training data."
+        0, ge=0, description="Expert rows (gold demonstrations, ingested demonstrations and corrections, well-rated "
+        "human feedback) sampled into each round's training data."
+    )
+    human_min_reward: float | None = Field(
+        1.0, description="Human-rated responses (`rftflow ingest feedback`) with at least this rating are sampled "
+        "as demonstrations with the expert rows; None leaves them out.",
     )
 
     def setting(self, key: str) -> Any:
@@ -209,6 +214,39 @@ class TrainerConfig(_Section):
 class EvalConfig(_Section):
     every: int = Field(5, gt=0, description="Greedy held-out evaluation every k rounds (and before/after).")
     max_new_tokens: int = Field(16, gt=0, description="Longest greedy answer, in tokens.")
+
+
+class ContractsConfig(_Section):
+    max_bad_fraction: float = Field(
+        0.1, ge=0, le=1, description="A batch (task file, round, ingested file) with a larger share of rows that "
+        "break their contract fails its stage; below it, bad rows are quarantined with the reason and the run goes on.",
+    )
+    reward_min: float = Field(0.0, description="Lowest valid reward (and human rating).")
+    reward_max: float = Field(1.0, description="Highest valid reward (and human rating).")
+    max_prompt_tokens: int = Field(4096, gt=0, description="Longest valid prompt, in tokens.")
+    max_response_tokens: int = Field(4096, gt=0, description="Longest valid response, in tokens.")
+    max_text_chars: int = Field(100_000, gt=0, description="Longest valid text field (question, prompt, answer, …).")
+
+    def bounds(self, **extra: Any):
+        """These limits as ``validation.ContractBounds`` (``extra``: group_size, max_model_version)."""
+        from components.validation import ContractBounds
+
+        return ContractBounds(reward_min=self.reward_min, reward_max=self.reward_max,
+                              max_prompt_tokens=self.max_prompt_tokens, max_response_tokens=self.max_response_tokens,
+                              max_text_chars=self.max_text_chars, **extra)
+
+
+class PipelinesConfig(_Section):
+    tasks: list[dict[str, Any]] = Field(
+        default_factory=list, description="Task pipeline, applied in order to the train split when the campaign "
+        "is prepared: steps like `{op: normalize}`, `{op: length_filter, max_chars: 200}`, `{op: dedupe}`, "
+        "`{op: synthesize, dataset: chain_sum, n: 1000, params: {max_digits: 1}}` (see components.pipelines).",
+    )
+    experiences: list[dict[str, Any]] = Field(
+        default_factory=list, description="Experience pipeline, applied in order to each round's accepted rows "
+        "after the contract: `{op: shape_reward, scale: 2, add: -1}`, `{op: drop_zero_variance}`, `{op: dedupe}`, "
+        "`{op: length_filter, max_tokens: 16}`. Dropped rows go to quarantine with the step as the reason.",
+    )
 
 
 class BufferConfig(_Section):
@@ -266,6 +304,8 @@ class CampaignConfig(_Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
+    contracts: ContractsConfig = Field(default_factory=ContractsConfig)
+    pipelines: PipelinesConfig = Field(default_factory=PipelinesConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 

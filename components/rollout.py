@@ -22,6 +22,15 @@ class Rollout:
     finished: bool  # ended with EOS (False: cut at max_new_tokens)
 
 
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool = False) -> list[int]:
+    """Prompt token ids as the explorer feeds them: raw, or wrapped in the tokenizer's chat template."""
+    if chat_template:
+        return list(tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        ))
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
 class HFRolloutEngine:
     """Batched sampling with a transformers causal LM held in memory (the explorer's copy)."""
 
@@ -39,11 +48,7 @@ class HFRolloutEngine:
         self.chat_template = chat_template
 
     def encode(self, prompt: str) -> list[int]:
-        if self.chat_template:
-            return list(self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            ))
-        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return encode_prompt(self.tokenizer, prompt, self.chat_template)
 
     @torch.no_grad()
     def _generate_batch(

@@ -1,7 +1,9 @@
 """Tasksets: reasoning-gym generators or JSONL/Parquet files → a train split and a held-out eval split.
 
 The eval split is disjoint from train by question text (no eval question ever appears in train).
-Bad task files fail before any work starts, naming the file and the row (1-based).
+Task file rows are checked against the task contract (``validation``): bad rows are quarantined
+with the reason, naming the file and row (1-based); past ``contracts.max_bad_fraction`` the run
+stops before any work starts.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from components.config import TasksetConfig
+from components.config import ContractsConfig, TasksetConfig
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
 TASK_SCHEMA = pa.schema(
@@ -71,52 +73,69 @@ def _reasoning_gym_entries(name: str, params: dict[str, Any], size: int, seed: i
         raise TasksetError(f"taskset {REASONING_GYM_PREFIX}{name} with params {params}: {e}") from None
 
 
-def _file_rows(path: Path) -> list[tuple[int, Any]]:
-    """(row number, row) pairs of a JSONL or Parquet file."""
+def read_rows(path: Path, what: str = "file") -> list[tuple[int, Any, str | None]]:
+    """(row number, parsed row or None, parse error or None) for each row of a JSONL or Parquet file.
+    A row that does not parse is kept with its error (the contract quarantines it)."""
     if not path.is_file():
-        raise TasksetError(f"taskset file not found: {path}")
+        raise TasksetError(f"{what} not found: {path}")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         try:
-            return list(enumerate(pq.read_table(path).to_pylist(), start=1))
+            return [(i, row, None) for i, row in enumerate(pq.read_table(path).to_pylist(), start=1)]
         except Exception as e:  # noqa: BLE001 — pyarrow raises several types for corrupt files
             raise TasksetError(f"{path}: not a readable Parquet file ({e})") from None
     if path.suffix not in (".jsonl", ".json"):
-        raise TasksetError(f"{path}: unsupported taskset file type {path.suffix!r}; use .jsonl or .parquet")
-    rows = []
+        raise TasksetError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl or .parquet")
+    rows: list[tuple[int, Any, str | None]] = []
     with path.open("rb") as f:  # decode line by line, so a bad byte is reported on its own line
         for lineno, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
-                raise TasksetError(f"{path}:{lineno}: not valid UTF-8") from None
+                rows.append((lineno, None, "not valid UTF-8"))
+                continue
             if line.strip():
                 try:
-                    rows.append((lineno, json.loads(line)))
+                    rows.append((lineno, json.loads(line), None))
                 except json.JSONDecodeError as e:
-                    raise TasksetError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                    rows.append((lineno, None, f"not valid JSON ({e.msg})"))
     return rows
 
 
-def _file_entries(path: Path, cfg: TasksetConfig) -> list[dict[str, Any]]:
-    entries = []
-    for row_no, row in _file_rows(path):
-        if not isinstance(row, dict):
-            raise TasksetError(f"{path}:{row_no}: expected an object, got {type(row).__name__}")
-        entry = {}
-        for key, target in ((cfg.question_key, "question"), (cfg.answer_key, "answer")):
-            value = row.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                value = str(value)
-            if not isinstance(value, str) or not value.strip():
-                raise TasksetError(f"{path}:{row_no}: missing or empty {key!r} (need a non-empty string)")
-            entry[target] = value
-        entry["metadata"] = {k: v for k, v in row.items() if k not in (cfg.question_key, cfg.answer_key)}
-        entries.append(entry)
-    if not entries:
+def _text(value: Any, key: str) -> str | None:
+    """A task field as text: strings as they are, numbers formatted, None kept (the contract
+    quarantines it); any other type is a parse error."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"{key!r} must be a string, got {type(value).__name__}")
+
+
+def _file_candidates(path: Path, cfg: TasksetConfig) -> list[dict[str, Any]]:
+    """Every row of a task file as a candidate: question, answer, prompt, metadata, parse_error."""
+    out = []
+    for row_no, row, error in read_rows(path, "taskset file"):
+        candidate = {"row": row_no, "where": f"{path}:{row_no}", "parse_error": error, "question": None,
+                     "answer": None, "prompt": None, "metadata": None}
+        if error is None and not isinstance(row, dict):
+            candidate["parse_error"] = f"expected an object, got {type(row).__name__}"
+        elif error is None:
+            try:
+                question, answer = _text(row.get(cfg.question_key), cfg.question_key), _text(
+                    row.get(cfg.answer_key), cfg.answer_key)
+                metadata = {k: v for k, v in row.items() if k not in (cfg.question_key, cfg.answer_key)}
+                candidate.update(question=question, answer=answer, metadata=json.dumps(metadata, default=str))
+                if question is not None and answer is not None:
+                    candidate["prompt"] = _format_prompt(cfg.prompt_template, question, answer, json.loads(
+                        candidate["metadata"]))
+            except (ValueError, TasksetError) as e:
+                candidate["parse_error"] = str(e)
+        out.append(candidate)
+    if not out:
         raise TasksetError(f"{path}: no tasks")
-    return entries
+    return out
 
 
 def _to_task(entry: dict[str, Any], template: str) -> Task:
@@ -125,15 +144,40 @@ def _to_task(entry: dict[str, Any], template: str) -> Task:
     return Task(task_id(question), question, _format_prompt(template, question, answer, metadata), answer, metadata)
 
 
-def load_tasks(cfg: TasksetConfig, seed: int) -> tuple[list[Task], list[Task]]:
-    """(train, eval): the distinct questions are shuffled with ``seed`` and the first ``eval_size``
-    held out, so the eval split is a uniform sample of distinct tasks, disjoint from train by question.
-    Train keeps the source's repeats (a generator's frequent tasks stay frequent in exploration)."""
+@dataclass
+class Taskset:
+    train: list[Task]
+    held_out: list[Task]
+    quarantined: pa.Table  # task rows that broke the task contract: row, where, parse_error, …, reason
+
+
+def validated_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None = None,
+                    size: int | None = None) -> tuple[list[Task], pa.Table]:
+    """The source's tasks that pass the task contract, and the quarantined rows (with ``reason``).
+    More than ``contracts.max_bad_fraction`` bad rows: ``TasksetError`` naming the first ones."""
+    from components.validation import ContractError, check, enforce
+
+    contracts = contracts or ContractsConfig()
     if cfg.source.startswith(REASONING_GYM_PREFIX):
-        entries = _reasoning_gym_entries(cfg.source[len(REASONING_GYM_PREFIX):], cfg.params, cfg.size, seed)
-    else:
-        entries = _file_entries(Path(cfg.source), cfg)
-    tasks = [_to_task(e, cfg.prompt_template) for e in entries]
+        entries = _reasoning_gym_entries(cfg.source[len(REASONING_GYM_PREFIX):], cfg.params, size or cfg.size, seed)
+        return [_to_task(e, cfg.prompt_template) for e in entries], pa.table({})
+    candidates = pa.Table.from_pylist(_file_candidates(Path(cfg.source), cfg))
+    verdict = check(candidates, "tasks", contracts.bounds())
+    try:
+        enforce(verdict, contracts.max_bad_fraction, f"taskset {cfg.source}", row_label="where")
+    except ContractError as e:
+        raise TasksetError(str(e)) from None
+    tasks = [Task(task_id(r["question"]), r["question"], r["prompt"], r["answer"], json.loads(r["metadata"]))
+             for r in verdict.accepted.to_pylist()]
+    return tasks, verdict.quarantined
+
+
+def load_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None = None) -> Taskset:
+    """Train and held-out splits: the distinct questions are shuffled with ``seed`` and the first
+    ``eval_size`` held out, so the eval split is a uniform sample of distinct tasks, disjoint from
+    train by question. Train keeps the source's repeats (a generator's frequent tasks stay frequent
+    in exploration). Rows that break the task contract are returned as ``quarantined``."""
+    tasks, quarantined = validated_tasks(cfg, seed, contracts)
     distinct = list(dict.fromkeys(t.task_id for t in tasks))
     random.Random(seed).shuffle(distinct)
     held_out_ids = set(distinct[:cfg.eval_size])
@@ -147,16 +191,15 @@ def load_tasks(cfg: TasksetConfig, seed: int) -> tuple[list[Task], list[Task]]:
         first.setdefault(t.task_id, t)
     held_out = [first[i] for i in distinct[:cfg.eval_size]]
     train = [t for t in tasks if t.task_id not in held_out_ids]
-    return train, held_out
+    return Taskset(train, held_out, quarantined)
 
 
-def check_taskset(cfg: TasksetConfig) -> None:
-    """Fail fast (``TasksetError``) on a bad taskset: every file row parsed, the generator created."""
-    if cfg.source.startswith(REASONING_GYM_PREFIX):
-        entries = _reasoning_gym_entries(cfg.source[len(REASONING_GYM_PREFIX):], cfg.params, 1, 0)
-    else:
-        entries = _file_entries(Path(cfg.source), cfg)
-    _to_task(entries[0], cfg.prompt_template)
+def check_taskset(cfg: TasksetConfig, contracts: ContractsConfig | None = None) -> None:
+    """Fail fast (``TasksetError``) on a bad taskset: the generator created, or the file read and its
+    rows checked against the task contract (more than ``contracts.max_bad_fraction`` bad rows fail)."""
+    tasks, _ = validated_tasks(cfg, 0, contracts, size=1)
+    if not tasks:
+        raise TasksetError(f"taskset {cfg.source}: no valid tasks")
 
 
 def tasks_to_table(tasks: list[Task]) -> pa.Table:
@@ -174,4 +217,5 @@ def tasks_from_table(table: pa.Table) -> list[Task]:
     ]
 
 
-__all__ = ["Task", "TasksetError", "check_taskset", "load_tasks", "tasks_from_table", "tasks_to_table"]
+__all__ = ["Task", "Taskset", "TasksetError", "check_taskset", "load_tasks", "read_rows", "tasks_from_table", "tasks_to_table",
+           "validated_tasks"]

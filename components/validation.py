@@ -1,7 +1,19 @@
-"""The experience contract, checked with great-expectations; rows that break it are quarantined.
+"""Data contracts, checked with great-expectations; rows that break one are quarantined.
 
 Every row is either accepted or quarantined with a ``reason`` naming the failed expectation(s):
-rows in = accepted + quarantined, always.
+rows in = accepted + quarantined, always. ``enforce`` fails a batch whose bad fraction is above
+the configured threshold, naming its first bad rows.
+
+Contracts (one GX suite each, over the table's columns plus derived ones GX has no built-in for):
+
+- ``explorer`` experiences: ids, prompt non-null and non-empty; source ``explorer``; reward finite
+  and within bounds; 1 ≤ token lengths ≤ bounds; log-probs present and as long as the response;
+  mask as long as the response; weight version in [0, current] (not from the future); every
+  group has ``repeat_times`` rows; no experience id repeated (later copies are the bad ones).
+- ``expert`` demonstrations and ``human`` feedback: the same, with source ``expert``/``human``,
+  log-probs optional and no group-size rule.
+- ``tasks``: the row parsed (valid UTF-8, JSON, an object); question, answer and prompt
+  non-null, non-empty strings within the length bound.
 """
 
 from __future__ import annotations
@@ -9,16 +21,21 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 
 import pyarrow as pa
 
-from components.experience import SOURCES
-
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 # GX logs an INFO line per ephemeral context ("Created temporary directory ... docs site").
 logging.getLogger("great_expectations.data_context").setLevel(logging.WARNING)
+
+KINDS = ("explorer", "expert", "human", "tasks")
+
+
+class ContractError(ValueError):
+    """A batch with too many rows that break its contract; one line naming the first bad rows."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +43,10 @@ class ContractBounds:
     reward_min: float = 0.0
     reward_max: float = 1.0
     max_model_version: int = 2**62
+    group_size: int | None = None  # explorer rows per group (repeat_times); None = unchecked
+    max_prompt_tokens: int = 4096
+    max_response_tokens: int = 4096
+    max_text_chars: int = 100_000
 
 
 @dataclass
@@ -38,6 +59,11 @@ class Verdict:
         return {"rows": self.accepted.num_rows + self.quarantined.num_rows,
                 "accepted": self.accepted.num_rows, "quarantined": self.quarantined.num_rows}
 
+    @property
+    def reasons(self) -> dict[str, int]:
+        """How many quarantined rows failed each expectation (a row may fail several)."""
+        return dict(Counter(part for r in self.quarantined.column("reason").to_pylist() for part in r.split("; ")))
+
 
 @cache
 def _batch_definition():
@@ -47,57 +73,169 @@ def _batch_definition():
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    asset = context.data_sources.add_pandas("rftflow").add_dataframe_asset("experiences")
+    asset = context.data_sources.add_pandas("rftflow").add_dataframe_asset("rows")
     return asset.add_batch_definition_whole_dataframe("batch")
 
 
-def experience_suite(bounds: ContractBounds):
-    """The experience contract as a GX suite (over the derived columns of ``_frame``)."""
+@cache
+def contract_suite(kind: str, bounds: ContractBounds):
+    """The GX suite of contract ``kind`` (see the module docstring), over the columns of ``_frame``."""
     import great_expectations as gx
 
     E = gx.expectations
-    suite = gx.ExpectationSuite(name="experience_contract")
-    for column in ("experience_id", "task_id", "group_id", "prompt", "response"):
-        suite.add_expectation(E.ExpectColumnValuesToNotBeNull(column=column))
-    suite.add_expectation(E.ExpectColumnValuesToBeInSet(column="source", value_set=list(SOURCES)))
-    suite.add_expectation(E.ExpectColumnValuesToBeInSet(column="reward_is_finite", value_set=[True]))
-    suite.add_expectation(E.ExpectColumnValuesToBeBetween(
-        column="reward", min_value=bounds.reward_min, max_value=bounds.reward_max))
-    suite.add_expectation(E.ExpectColumnValuesToBeInSet(column="token_lengths_consistent", value_set=[True]))
-    suite.add_expectation(E.ExpectColumnValuesToBeBetween(
-        column="model_version", min_value=0, max_value=bounds.max_model_version))
+    suite = gx.ExpectationSuite(name=f"{kind}_contract")
+    add = suite.add_expectation
+    if kind == "tasks":
+        add(E.ExpectColumnValuesToBeNull(column="parse_error"))
+        for column in ("question", "answer", "prompt"):
+            add(E.ExpectColumnValuesToNotBeNull(column=column))
+            add(E.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1, max_value=bounds.max_text_chars))
+        return suite
+    for column in ("experience_id", "task_id", "group_id", "prompt"):
+        add(E.ExpectColumnValuesToNotBeNull(column=column))
+        add(E.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1, max_value=bounds.max_text_chars))
+    add(E.ExpectColumnValuesToNotBeNull(column="response"))
+    add(E.ExpectColumnValueLengthsToBeBetween(column="response", min_value=0, max_value=bounds.max_text_chars))
+    add(E.ExpectColumnValuesToBeInSet(column="source", value_set=[kind]))
+    add(E.ExpectColumnValuesToBeInSet(column="reward_is_finite", value_set=[True]))
+    add(E.ExpectColumnValuesToBeBetween(column="reward", min_value=bounds.reward_min, max_value=bounds.reward_max))
+    add(E.ExpectColumnValuesToBeBetween(column="prompt_tokens", min_value=1, max_value=bounds.max_prompt_tokens))
+    add(E.ExpectColumnValuesToBeBetween(column="response_tokens", min_value=1, max_value=bounds.max_response_tokens))
+    add(E.ExpectColumnValuesToBeInSet(column="token_lengths_consistent", value_set=[True]))
+    add(E.ExpectColumnValuesToNotBeNull(column="model_version"))
+    add(E.ExpectColumnValuesToBeBetween(column="model_version", min_value=0, max_value=bounds.max_model_version))
+    add(E.ExpectColumnValuesToBeInSet(column="experience_id_is_first", value_set=[True]))
+    if kind == "explorer":
+        add(E.ExpectColumnValuesToBeInSet(column="has_logprobs", value_set=[True]))
+        if bounds.group_size is not None:
+            add(E.ExpectColumnValuesToBeInSet(column="group_size", value_set=[bounds.group_size]))
     return suite
 
 
-def _frame(table: pa.Table):
-    """The columns the contract reads, plus derived checks GX has no built-in for."""
-    df = table.select(["experience_id", "task_id", "group_id", "source", "prompt", "response", "reward",
-                       "model_version"]).to_pandas()
-    df["reward_is_finite"] = [r is not None and math.isfinite(r) for r in table.column("reward").to_pylist()]
-    ids, logprobs, mask = (table.column(c).to_pylist() for c in ("response_ids", "response_logprobs", "response_mask"))
+def _length(values: list) -> list[int | None]:
+    return [None if v is None else len(v) for v in values]
+
+
+def _experience_frame(table: pa.Table):
+    """The columns the experience contracts read, plus derived checks."""
+    import pandas as pd
+
+    col = {c: table.column(c).to_pylist() for c in (
+        "experience_id", "task_id", "group_id", "source", "prompt", "response", "reward", "model_version",
+        "prompt_ids", "response_ids", "response_logprobs", "response_mask")}
+    ids, logprobs, mask = col.pop("response_ids"), col.pop("response_logprobs"), col.pop("response_mask")
+    df = pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in col.items() if k not in ("prompt_ids",)})
+    df["prompt_tokens"] = [len(p) if p is not None else 0 for p in col["prompt_ids"]]
+    df["response_tokens"] = [len(i) if i is not None else 0 for i in ids]
+    df["reward"] = [r if r is not None and math.isfinite(r) else None for r in col["reward"]]
+    df["reward_is_finite"] = [r is not None and math.isfinite(r) for r in col["reward"]]
     df["token_lengths_consistent"] = [
-        bool(i) and (lp is None or len(lp) == len(i)) and (m is None or len(m) == len(i))
+        i is not None and (lp is None or len(lp) == len(i)) and (m is None or len(m) == len(i))
         for i, lp, m in zip(ids, logprobs, mask)
     ]
+    df["has_logprobs"] = [lp is not None for lp in logprobs]
+    sizes = Counter(col["group_id"])
+    df["group_size"] = [sizes[g] for g in col["group_id"]]
+    seen: set = set()
+    df["experience_id_is_first"] = [not (e in seen or seen.add(e)) for e in col["experience_id"]]
+    df["model_version"] = pd.Series(col["model_version"], dtype="float64")
     return df
 
 
-def check_experiences(table: pa.Table, bounds: ContractBounds = ContractBounds()) -> Verdict:
-    """Validate ``table`` (Experience schema) against the contract; split accepted / quarantined."""
+def _task_frame(table: pa.Table):
+    import pandas as pd
+
+    return pd.DataFrame({c: pd.Series(table.column(c).to_pylist(), dtype=object)
+                         for c in ("parse_error", "question", "answer", "prompt")})
+
+
+def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds()) -> Verdict:
+    """Validate ``table`` against contract ``kind``; split accepted / quarantined (with ``reason``).
+
+    Experience kinds read the Experience schema; ``tasks`` reads ``parse_error``, ``question``,
+    ``answer``, ``prompt`` (see ``tasksets.parse_task_rows``).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown contract {kind!r}; known: {', '.join(KINDS)}")
     if table.num_rows == 0:
         return Verdict(table, table.append_column("reason", pa.array([], pa.string())))
-    result = _batch_definition().get_batch(batch_parameters={"dataframe": _frame(table)}).validate(
-        experience_suite(bounds), result_format={"result_format": "COMPLETE"}
+    frame = _task_frame(table) if kind == "tasks" else _experience_frame(table)
+    result = _batch_definition().get_batch(batch_parameters={"dataframe": frame}).validate(
+        contract_suite(kind, bounds), result_format={"result_format": "COMPLETE"}
     )
     reasons: dict[int, list[str]] = {}
     for r in result.results:
         if r.success:
             continue
-        cfg = r.expectation_config
-        label = f"{cfg.type}({cfg.kwargs.get('column')})"
+        column = r.expectation_config.kwargs.get("column")
+        label = f"{r.expectation_config.type}({column})"
         for index in r.result.get("unexpected_index_list") or []:
-            reasons.setdefault(int(index), []).append(label)
+            detail = f": {frame.at[index, 'parse_error']}" if column == "parse_error" else ""
+            reasons.setdefault(int(index), []).append(label + detail)
+    for index, labels in reasons.items():  # a row that did not parse has only that to say
+        parse = [label for label in labels if "(parse_error)" in label]
+        reasons[index] = parse or labels
     bad = sorted(reasons)
     good = [i for i in range(table.num_rows) if i not in reasons]
-    quarantined = table.take(pa.array(bad, pa.int64())).append_column("reason", pa.array(["; ".join(reasons[i]) for i in bad], pa.string()))
+    quarantined = table.take(pa.array(bad, pa.int64())).append_column(
+        "reason", pa.array(["; ".join(reasons[i]) for i in bad], pa.string()))
     return Verdict(table.take(pa.array(good, pa.int64())), quarantined)
+
+
+def check_experiences(table: pa.Table, bounds: ContractBounds = ContractBounds(), kind: str = "explorer") -> Verdict:
+    """``check`` for an experience table (``explorer``, ``expert`` or ``human``)."""
+    return check(table, kind, bounds)
+
+
+def enforce(verdict: Verdict, max_bad_fraction: float, what: str, row_label: str = "experience_id",
+            label=None) -> None:
+    """Raise ``ContractError`` if more than ``max_bad_fraction`` of the rows were quarantined,
+    naming the first three bad rows (by column ``row_label``, or ``label(row)``) and their reasons."""
+    counts = verdict.counts
+    if counts["rows"] == 0 or counts["quarantined"] / counts["rows"] <= max_bad_fraction:
+        return
+    first = verdict.quarantined.slice(0, 3)
+    names = [label(row) for row in first.to_pylist()] if label else first.column(row_label).to_pylist()
+    named = " | ".join(f"{name}: {reason}" for name, reason in zip(names, first.column("reason").to_pylist()))
+    raise ContractError(
+        f"{what}: {counts['quarantined']} of {counts['rows']} rows ({counts['quarantined'] / counts['rows']:.0%}) "
+        f"break the contract, above contracts.max_bad_fraction={max_bad_fraction}; first: {named}")
+
+
+@dataclass
+class ValidationEntry:
+    """One checked batch: which stage and round, rows in, accepted, quarantined, reason counts."""
+
+    stage: str
+    round: int
+    rows: int
+    accepted: int
+    quarantined: int
+    reasons: dict[str, int]
+
+
+def validation_report(entries: list[ValidationEntry], campaign: str) -> str:
+    """The campaign's validation report as markdown: totals per stage, then every batch that
+    quarantined rows, with its reasons. Rows in = accepted + quarantined on every line."""
+    totals: dict[str, list[int]] = {}
+    reasons: dict[str, Counter] = {}
+    for e in entries:
+        t = totals.setdefault(e.stage, [0, 0, 0, 0])
+        t[0] += 1
+        t[1] += e.rows
+        t[2] += e.accepted
+        t[3] += e.quarantined
+        reasons.setdefault(e.stage, Counter()).update(e.reasons)
+    lines = [f"# Validation report: {campaign}", "",
+             "| stage | batches | rows | accepted | quarantined |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {stage} | {b} | {n} | {a} | {q} |" for stage, (b, n, a, q) in totals.items()]
+    bad = [e for e in entries if e.quarantined]
+    if bad:
+        lines += ["", "## Batches with quarantined rows", "", "| stage | round | rows | quarantined | reasons |",
+                  "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {e.stage} | {e.round} | {e.rows} | {e.quarantined} | "
+                  + ", ".join(f"{k} ×{v}" for k, v in sorted(e.reasons.items(), key=lambda kv: -kv[1])) + " |"
+                  for e in bad]
+    else:
+        lines += ["", "No row broke a contract."]
+    return "\n".join(lines) + "\n"

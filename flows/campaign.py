@@ -15,6 +15,7 @@ from prefect.artifacts import create_markdown_artifact
 from components.campaign import Campaign
 from components.config import CampaignConfig, load_config
 from components.tracking import Tracker
+from components.validation import validation_report
 from flows.progress import CampaignProgress
 from tasks.register import register
 from tasks.stages import buffer, evaluate, explore, prepare, sync, train, verify, warm_start
@@ -30,6 +31,14 @@ def _summary_markdown(summary: dict[str, Any]) -> str:
 def _flow_run_name() -> str:
     config = runtime.flow_run.parameters["config"]
     return str(config.get("name", "campaign")) if isinstance(config, dict) else Path(config).stem
+
+
+def _validation_report(campaign: Campaign, tracker: Tracker, out: Path) -> tuple[Path, str]:
+    """Write ``<run dir>/validation/validation.md`` and log it to the MLflow run; (path, artifact URI)."""
+    path = out / "validation" / "validation.md"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(validation_report(campaign.validation_log, campaign.cfg.name))
+    return path, tracker.log_artifacts(path.parent, "validation")
 
 
 @flow(name="rft_campaign", flow_run_name=_flow_run_name)
@@ -64,18 +73,22 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, show_
                 progress.round_done(r, last.get("reward/mean", float("nan")), after)
         tags = {"campaign": cfg.name, "eval_accuracy": f"{after:.4f}", "prefect.flow_run_id": flow_run_id}
         model = register(campaign, tracker, tags)
+        report, report_uri = _validation_report(campaign, tracker, out)
         summary = {
             "campaign": cfg.name, "eval_accuracy_before": before, "eval_accuracy_after": after,
             "rounds": cfg.rounds, "reward_mean_last_round": last.get("reward/mean"),
             "wall_seconds": round(time.perf_counter() - started, 1), "mlflow_tracking_uri": tracking_uri,
             "mlflow_run_id": tracker.run_id, **model, "store_url": campaign.store.url,
-            "prefect_flow_run_id": flow_run_id, "run_dir": str(out),
+            "prefect_flow_run_id": flow_run_id, "run_dir": str(out), "validation_report": str(report),
+            "validation_report_mlflow": report_uri,
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         tracker.log_metrics({"eval/accuracy_before": before, "eval/accuracy_after": after}, step=cfg.rounds)
         create_markdown_artifact(_summary_markdown(summary), key=re.sub(r"[^a-z0-9-]+", "-", f"{cfg.name.lower()}-summary"),
                                  description="rftflow campaign summary")
     except BaseException:
+        if "campaign" in locals():  # what was checked before the failure (e.g. a batch past the contract threshold)
+            _validation_report(campaign, tracker, out)
         tracker.finish("FAILED")
         raise
     tracker.finish()

@@ -38,14 +38,16 @@ def run(
     """Run a campaign to the end and print its summary."""
     from components.algorithms import check_algorithm
     from components.config import ConfigError, load_config
+    from components.pipelines import check_pipelines
     from components.tasksets import TasksetError, check_taskset
 
     if progress:  # the bars report progress; Prefect's per-task INFO lines still reach its API and UI
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     try:
         cfg = load_config(config or DEFAULT_CONFIG, overrides)
-        check_taskset(cfg.taskset)
+        check_taskset(cfg.taskset, cfg.contracts)
         check_algorithm(cfg.algorithm)
+        check_pipelines(cfg.pipelines)
     except (ConfigError, TasksetError) as e:
         _fail(str(e))
     from flows.campaign import rft_campaign
@@ -145,6 +147,73 @@ def buffer_export(store: StoreArg, out: Annotated[Path, typer.Option("--out", he
             for row in rows.to_pylist():
                 f.write(json.dumps(row, default=str) + "\n")
     Console().print(f"{rows.num_rows} {kind} rows → {out}")
+
+
+ingest_app = typer.Typer(no_args_is_help=True, help="Validate and store human feedback or expert demonstrations.")
+app.add_typer(ingest_app, name="ingest")
+FileArg = Annotated[Path, typer.Argument(help="A JSONL (or Parquet) file, one row per line.")]
+ConfigArg = Annotated[Optional[Path], typer.Argument(help="Campaign YAML (default: configs/arith-mix.yaml).")]
+RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="The campaign's run dir (default: ./runs/<name>).")]
+SetOpt = Annotated[list[str], typer.Option("--set", help="Override a config key: --set name=my-campaign")]
+ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write the outcome as JSON here.")]
+
+
+def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, overrides: list[str],
+            report: Path | None) -> None:
+    from components.buffer import ExperienceBuffer
+    from components.config import ConfigError, load_config
+    from components.feedback import store_ingested, validate_file
+    from components.models import load_model
+    from components.storage import open_store
+    from components.tasksets import TasksetError
+    from components.validation import ContractError
+
+    try:
+        cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    out = (run_dir or Path("runs") / cfg.name).resolve()
+    url = cfg.storage.url or (out / "store").as_uri()
+    buffer = ExperienceBuffer(open_store(url, **(cfg.storage.store_options() if url.startswith("s3://") else {})),
+                              cfg.name)
+    _, tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download)
+    try:
+        result = validate_file(file, kind, cfg.name, tokenizer, cfg.contracts, chat_template=cfg.model.chat_template)
+    except TasksetError as e:
+        _fail(str(e))
+    outcome = result.report()
+    try:
+        store_ingested(result, buffer, cfg.contracts.max_bad_fraction)
+        outcome["stored"] = True
+    except ContractError as e:
+        outcome["stored"], outcome["error"] = False, str(e)
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(outcome, indent=2) + "\n")
+    table = Table(title=f"{kind} {file} → campaign {cfg.name} ({buffer.store.url})", show_header=False)
+    for key in ("rows", "accepted", "quarantined"):
+        table.add_row(key, str(outcome[key]))
+    for source, n in outcome["by_source"].items():
+        table.add_row(f"  stored as {source}", str(n) if outcome["stored"] else f"{n} (not stored)")
+    for reason, n in outcome["reasons"].items():
+        table.add_row(f"  {reason}", str(n))
+    Console().print(table)
+    if not outcome["stored"]:
+        _fail(outcome["error"])
+
+
+@ingest_app.command("feedback")
+def ingest_feedback(file: FileArg, config: ConfigArg = None, run_dir: RunDirOpt = None,
+                    overrides: SetOpt = [], report: ReportOpt = None) -> None:  # noqa: B006
+    """Human feedback: rows with prompt, response and a rating or a correction."""
+    _ingest("feedback", file, config, run_dir, overrides, report)
+
+
+@ingest_app.command("expert")
+def ingest_expert(file: FileArg, config: ConfigArg = None, run_dir: RunDirOpt = None,
+                  overrides: SetOpt = [], report: ReportOpt = None) -> None:  # noqa: B006
+    """Expert demonstrations: rows with prompt and response."""
+    _ingest("expert", file, config, run_dir, overrides, report)
 
 
 def main() -> None:

@@ -36,8 +36,9 @@ def test_missing_task_file(run, tmp_path):
 def test_malformed_task_row_names_file_and_row(run, tmp_path):
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps({"question": "1+1=", "answer": "2"}) + "\n" + json.dumps({"question": "2+2="}) + "\n")
-    line = run("--set", f"taskset.source={path}")
-    assert f"{path}:2: missing or empty 'answer'" in line
+    line = run("--set", f"taskset.source={path}", "--set", "taskset.prompt_template='{question}'")
+    assert "1 of 2 rows (50%) break the contract" in line
+    assert f"first: {path}:2: expect_column_values_to_not_be_null(answer)" in line
 
 
 def test_missing_config_file(run, tmp_path):

@@ -1,0 +1,162 @@
+"""Malformed inputs, row by row: each lands in quarantine with the right reason, and rows in =
+accepted + quarantined, for experiences, task files and ingested feedback."""
+
+import json
+import math
+
+import pyarrow as pa
+import pytest
+
+from components.buffer import ExperienceBuffer
+from components.config import ContractsConfig, TasksetConfig
+from components.experience import make_experience, to_table
+from components.feedback import store_ingested, validate_file
+from components.storage import open_store
+from components.tasksets import TasksetError, validated_tasks
+from components.validation import ContractBounds, ContractError, Verdict, check, enforce, validation_report
+
+
+def _row(i, **overrides):
+    fields = dict(experience_id=f"e{i}", campaign="c", round=1, task_id="t", group_id=f"g{i}", source="explorer",
+                  prompt="1+1=", response="2", prompt_ids=[1, 2, 3], response_ids=[4, 5],
+                  response_logprobs=[-0.1, -0.2], response_mask=[1, 1], reward=1.0, model_version=0)
+    return make_experience(**{**fields, **overrides})
+
+
+def _reasons(verdict, key="experience_id"):
+    return dict(zip(verdict.quarantined.column(key).to_pylist(), verdict.quarantined.column("reason").to_pylist()))
+
+
+def test_explorer_contract_corpus():
+    bounds = ContractBounds(max_model_version=1, group_size=1, max_prompt_tokens=8)
+    rows = [_row(0), _row(1, reward=math.nan), _row(2, reward=math.inf), _row(3, reward=7.0),
+            _row(4, response_logprobs=[-0.1]), _row(5, response_mask=[1]), _row(6, source="robot"),
+            _row(7, task_id=None), _row(8, task_id=""), _row(9, prompt=""), _row(10, model_version=5),
+            _row(11, response_ids=[], response_logprobs=[], response_mask=[]), _row(12, prompt_ids=list(range(9))),
+            _row(13, response_logprobs=None), _row(14, group_id="g0"), _row(0, group_id="dup"),
+            _row(16, response=None), _row(17, reward=None)]
+    verdict = check(to_table(rows), "explorer", bounds)
+    assert verdict.counts["rows"] == len(rows) == verdict.counts["accepted"] + verdict.counts["quarantined"]
+    assert verdict.accepted.column("experience_id").to_pylist() == []  # e0 shares g0 with e14: group of 2 ≠ 1
+    by_id = {}
+    for eid, reason in zip(verdict.quarantined.column("experience_id").to_pylist(),
+                           verdict.quarantined.column("reason").to_pylist()):
+        by_id.setdefault(eid, []).append(reason)
+    expect = {"e1": "in_set(reward_is_finite)", "e2": "in_set(reward_is_finite)", "e3": "between(reward)",
+              "e4": "in_set(token_lengths_consistent)", "e5": "in_set(token_lengths_consistent)",
+              "e6": "in_set(source)", "e7": "not_be_null(task_id)", "e8": "value_lengths_to_be_between(task_id)",
+              "e9": "value_lengths_to_be_between(prompt)", "e10": "between(model_version)",
+              "e11": "between(response_tokens)", "e12": "between(prompt_tokens)", "e13": "in_set(has_logprobs)",
+              "e14": "in_set(group_size)", "e16": "not_be_null(response)", "e17": "in_set(reward_is_finite)"}
+    for eid, label in expect.items():
+        assert any(label in r for r in by_id[eid]), (eid, by_id[eid])
+    assert any("in_set(experience_id_is_first)" in r for r in by_id["e0"])  # the second e0 is the duplicate
+
+
+def test_expert_and_human_contracts_differ_from_the_explorer_one():
+    demo = _row(0, source="expert", response_logprobs=None, group_id="a")
+    assert check(to_table([demo]), "expert").counts["accepted"] == 1  # no log-probs needed
+    verdict = check(to_table([demo]), "human")
+    assert "in_set(source)" in verdict.quarantined.column("reason")[0].as_py()
+
+
+def test_threshold_fails_the_batch_naming_the_first_bad_rows():
+    verdict = check(to_table([_row(0), _row(1, reward=9.0), _row(2, reward=9.0)]), "explorer")
+    enforce(verdict, 0.7, "round 3")  # 2 of 3 ≤ 0.7: passes
+    with pytest.raises(ContractError, match=r"round 3: 2 of 3 rows \(67%\) break the contract, above "
+                                            r"contracts.max_bad_fraction=0.5; first: e1: .*between\(reward\)"):
+        enforce(verdict, 0.5, "round 3")
+
+
+TASK_LINES = [
+    json.dumps({"question": "1+1", "answer": "2"}).encode(),
+    b"\xff\xfe not utf-8",
+    b"{not json",
+    json.dumps(["a", "list"]).encode(),
+    json.dumps({"question": "2+2"}).encode(),
+    json.dumps({"question": "", "answer": "0"}).encode(),
+    json.dumps({"question": ["x"], "answer": "1"}).encode(),
+    json.dumps({"question": "x" * 200, "answer": "1"}).encode(),
+    json.dumps({"question": 12, "answer": 3}).encode(),  # numbers are fine: formatted as text
+]
+
+
+def test_task_file_corpus(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(b"\n".join(TASK_LINES) + b"\n")
+    cfg = TasksetConfig(source=str(path))
+    with pytest.raises(TasksetError, match=rf"taskset {path}: 6 of 9 rows .* first: {path}:2: expect_column_values_to_be_null\(parse_error\): not valid UTF-8 \| {path}:3: "):
+        validated_tasks(cfg, 0, ContractsConfig(max_bad_fraction=0.5))
+    tasks, quarantined = validated_tasks(cfg, 0, ContractsConfig(max_bad_fraction=1.0))
+    assert [t.question for t in tasks] == ["1+1", "x" * 200, "12"] and len(tasks) + quarantined.num_rows == len(TASK_LINES)
+    reasons = dict(zip(quarantined.column("row").to_pylist(), quarantined.column("reason").to_pylist()))
+    assert "not valid UTF-8" in reasons[2] and "not valid JSON" in reasons[3]
+    assert "expected an object, got list" in reasons[4] and "not_be_null(answer)" in reasons[5]
+    assert "value_lengths_to_be_between(question)" in reasons[6]
+    assert "'question' must be a string, got list" in reasons[7]
+    # 200 characters are within the default bound, not within max_text_chars=100
+    _, short = validated_tasks(cfg, 0, ContractsConfig(max_bad_fraction=1.0, max_text_chars=100))
+    assert "value_lengths_to_be_between(question)" in dict(zip(short.column("row").to_pylist(),
+                                                                short.column("reason").to_pylist()))[8]
+
+
+FEEDBACK = [
+    {"prompt": "3 + 4 =", "response": "7", "rating": 1.0},
+    {"prompt": "3 + 5 =", "response": "9", "correction": "8"},
+    {"prompt": "1 + 1 =", "response": "3", "rating": 0.0},
+    {"prompt": "1 + 2 =", "response": "3"},  # neither rating nor correction
+    {"prompt": "1 + 3 =", "response": "4", "rating": "good"},
+    {"prompt": "", "response": "4", "rating": 1.0},
+    {"prompt": "x" * 5000, "response": "4", "rating": 1.0},
+    {"response": "4", "rating": 1.0},
+    {"prompt": "2 + 2 =", "response": "4", "rating": 7},
+]
+
+
+def _feedback_file(tmp_path, extra: bytes = b""):
+    path = tmp_path / "feedback.jsonl"
+    path.write_bytes(b"\n".join(json.dumps(r).encode() for r in FEEDBACK) + b"\n{\"prompt\": \"5 + 5 =\", "
+                     b"\"response\": \"10\", \"rating\": NaN}\n\xff bad bytes\n" + extra)
+    return path
+
+
+def test_feedback_corpus_is_quarantined_with_reasons_and_stored_once(tiny, tmp_path):
+    _, tokenizer = tiny
+    contracts = ContractsConfig(max_prompt_tokens=1000, max_bad_fraction=0.8)
+    result = validate_file(_feedback_file(tmp_path), "feedback", "c", tokenizer, contracts)
+    report = result.report()
+    assert report["rows"] == 11 == report["accepted"] + report["quarantined"]
+    assert report["by_source"] == {"human": 2, "expert": 1}  # two ratings (1.0 and 0.0), one correction
+    reasons = {json.loads(i)["row"]: r for i, r in zip(result.quarantined.column("info").to_pylist(),
+                                                        result.quarantined.column("reason").to_pylist())}
+    assert reasons[4] == "parse: feedback needs a 'rating' or a 'correction'"
+    assert reasons[5] == "parse: 'rating' must be a number, got str"
+    assert "value_lengths_to_be_between(prompt)" in reasons[6]
+    assert "between(prompt_tokens)" in reasons[7]
+    assert reasons[8] == "parse: missing 'prompt'"
+    assert "between(reward)" in reasons[9]
+    assert "in_set(reward_is_finite)" in reasons[10]
+    assert reasons[11] == "parse: not valid UTF-8"
+    correction = result.accepted.filter(pa.compute.equal(result.accepted.column("source"), "expert")).to_pylist()[0]
+    assert correction["response"] == "8" and json.loads(correction["info"])["original_response"] == "9"
+
+    buffer = ExperienceBuffer(open_store((tmp_path / "store").as_uri()), "c")
+    store_ingested(result, buffer, contracts.max_bad_fraction)
+    store_ingested(result, buffer, contracts.max_bad_fraction)  # same file again: no duplicates
+    assert buffer.read_kind("human").num_rows == 2 and buffer.read_kind("quarantine").num_rows == 8
+    # demonstrations the trainer samples: the correction, plus the human row rated ≥ 1.0
+    assert sorted(buffer.read_expert(1.0).column("response").to_pylist()) == ["7", "8"]
+    with pytest.raises(ContractError, match=r"file .*feedback.jsonl: 8 of 11 rows .* first: .*feedback.jsonl:4: parse"):
+        store_ingested(result, ExperienceBuffer(buffer.store, "other"), 0.5)
+    assert buffer.read_kind("human").num_rows == 2  # nothing stored for the failed batch
+
+
+def test_validation_report_lists_stages_and_reasons():
+    verdict = check(to_table([_row(0), _row(1, reward=9.0)]), "explorer")
+    from components.validation import ValidationEntry
+
+    entries = [ValidationEntry("experience contract", 1, 2, verdict.counts["accepted"], verdict.counts["quarantined"],
+                               verdict.reasons)]
+    text = validation_report(entries, "demo")
+    assert "| experience contract | 1 | 2 | 1 | 1 |" in text and "between(reward) ×1" in text
+    assert isinstance(verdict, Verdict)
