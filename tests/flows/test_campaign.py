@@ -16,6 +16,7 @@ SMALL = [
     "name=e2e", "rounds=2", "taskset.size=400", "taskset.eval_size=20", "trainer.warmup_steps=3",
     "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
     "algorithm.expert_per_round=16", "eval.every=1",
+    "pipelines.experiences=[{op: dedupe}, {op: length_filter, max_tokens: 6}]",
 ]
 
 
@@ -126,3 +127,16 @@ def test_buffer_cli_lists_shows_and_exports_what_the_campaign_stored(finished, t
     assert set(pq.read_table(parquet).column("source").to_pylist()) == {"expert"}
     bad = runner.invoke(app, ["buffer", "show", str(run_dir), "--kind", "nope"])
     assert bad.exit_code == 2 and "unknown kind 'nope'; known: usual, expert, human, quarantine, tasks" in bad.stderr
+
+
+def test_validation_report_is_written_logged_and_linked(finished):
+    from mlflow import MlflowClient
+
+    cfg, run_dir, summary = finished
+    report = Path(summary["validation_report"])
+    text = report.read_text()
+    per_round = cfg.explorer.tasks_per_round * cfg.explorer.repeat_times
+    assert f"| experience contract | 2 | {2 * per_round} |" in text and "| expert contract | 1 |" in text
+    assert "| experience pipeline | 2 |" in text
+    client = MlflowClient(summary["mlflow_tracking_uri"])
+    assert [a.path for a in client.list_artifacts(summary["mlflow_run_id"], "validation")] == ["validation/validation.md"]
