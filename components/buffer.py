@@ -53,7 +53,8 @@ class ExperienceBuffer:
 
     def __init__(self, store: ObjectStore, campaign: str):
         self.store, self.campaign = store, campaign
-        self._expert: pa.Table | None = None
+        self._expert: pa.Table | None = None  # cached: read every round by sample_expert
+        self._human: pa.Table | None = None
         self._shards: dict[str, pa.Table] = {}  # committed shards never change: cache them
 
     def key(self, *parts: str) -> str:
@@ -190,7 +191,7 @@ class ExperienceBuffer:
 
     def write_ingested(self, source: str, ingest_id: str, table: pa.Table) -> str:
         """Ingested ``expert`` demonstrations or ``human``-rated responses under ``ingest=<id>``."""
-        self._expert = None
+        self._expert = self._human = None
         return write_shard(self.store, self.key("experiences", source, f"ingest={ingest_id}"), table)
 
     def read_expert(self, human_min_reward: float | None = None) -> pa.Table:
@@ -200,7 +201,9 @@ class ExperienceBuffer:
             self._expert = read_committed(self.store, self.key("experiences", "expert"), SCHEMA)
         if human_min_reward is None:
             return self._expert
-        human = read_committed(self.store, self.key("experiences", "human"), SCHEMA)
+        if self._human is None:
+            self._human = read_committed(self.store, self.key("experiences", "human"), SCHEMA)
+        human = self._human
         good = human.filter(pc.greater_equal(human.column("reward"), human_min_reward))
         return pa.concat_tables([self._expert, good]) if good.num_rows else self._expert
 

@@ -1,4 +1,5 @@
-"""A shard writer SIGKILLed at random moments never leaves readers a partial or corrupt shard, and
+"""A shard writer SIGKILLed at random moments (a random number of parts in, plus a random delay that
+lands inside the next write) never leaves readers a partial or corrupt shard, and
 re-running the same writes completes with every row exactly once (file:// and S3)."""
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ for part in range(parts):
         "response_ids": pa.ListArray.from_arrays(np.arange(0, tokens.size + 1, 48, dtype=np.int32), tokens.ravel()),
     })
     write_shard(store, prefix, table, part)
+    print(f"wrote {part}", flush=True)
 print("done", flush=True)
 """
 
@@ -88,11 +90,14 @@ def test_killed_writer_leaves_no_partial_shards_and_reruns_complete(target):
     store = open_store(url, **options)
     rng = random.Random(1234)
     progress = []
-    for _ in range(TRIALS):
+    for trial in range(TRIALS):
         writer = start_writer(url, options)  # continues the same job: the same keys again
-        time.sleep(rng.uniform(0.0, 0.5))
-        if writer.poll() is None:
-            os.kill(writer.pid, signal.SIGKILL)
+        # Kill at a point set by progress, not by the clock, so a fast machine is still caught mid-job.
+        wait_for = f"wrote {rng.randrange(trial * PARTS // TRIALS, (trial + 1) * PARTS // TRIALS)}"
+        while writer.stdout.readline().strip() not in (wait_for, "done", ""):
+            pass
+        time.sleep(rng.uniform(0.0, 0.01))
+        os.kill(writer.pid, signal.SIGKILL)
         writer.wait()
         writer.stdout.close()
         progress.append(check_readers(store))
@@ -100,7 +105,7 @@ def test_killed_writer_leaves_no_partial_shards_and_reruns_complete(target):
     assert progress[0] < PARTS * ROWS, "the first writer was never killed mid-job"
 
     writer = start_writer(url, options)  # the re-run, uninterrupted
-    assert writer.stdout.read().strip() == "done" and writer.wait(timeout=60) == 0
+    assert writer.stdout.read().split()[-1] == "done" and writer.wait(timeout=60) == 0
     writer.stdout.close()
     assert check_readers(store) == PARTS * ROWS
     assert sum(1 for k in store.list(PREFIX + "/") if k.endswith(".parquet")) == PARTS  # no stray copies

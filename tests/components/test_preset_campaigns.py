@@ -9,20 +9,25 @@ from components.campaign import Campaign
 from components.config import ALGORITHM_PRESETS, load_config
 
 CONFIG = Path(__file__).parents[2] / "configs" / "arith-mix.yaml"
+SMALL = ["taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2", "trainer.micro_batch_size=16",
+         "explorer.tasks_per_round=4", "explorer.repeat_times=4"]
+
+
+def _started(tmp_path, *overrides: str) -> Campaign:
+    """A small campaign, prepared and warm-started, ready for its rounds."""
+    campaign = Campaign(load_config(CONFIG, [*SMALL, *overrides]), tmp_path)
+    campaign.prepare()
+    campaign.warm_start()
+    return campaign
 
 
 @pytest.mark.parametrize("preset", sorted(ALGORITHM_PRESETS))
 def test_preset_runs_two_rounds(preset, tmp_path):
-    cfg = load_config(CONFIG, [
-        f"name=p-{preset}", f"algorithm.name={preset}", "taskset.size=300", "taskset.eval_size=10",
-        "trainer.warmup_steps=2", "trainer.micro_batch_size=16", "explorer.tasks_per_round=4",
-        "explorer.repeat_times=4", "algorithm.expert_per_round=8",
+    campaign = _started(
+        tmp_path, f"name=p-{preset}", f"algorithm.name={preset}", "algorithm.expert_per_round=8",
         # DPO pairs need groups with a right and a wrong answer: a longer warm start, dynamic sampling
         *(["trainer.warmup_steps=100", "algorithm.dynamic_sampling=true"] if preset == "dpo" else []),
-    ])
-    campaign = Campaign(cfg, tmp_path)
-    campaign.prepare()
-    campaign.warm_start()
+    )
     for r in (1, 2):
         metrics = campaign.run_round(r)
         assert all(math.isfinite(v) for v in metrics.values()), metrics
@@ -42,14 +47,8 @@ def test_preset_runs_two_rounds(preset, tmp_path):
 
 
 def test_kl_entropy_and_staleness_options_run_in_a_campaign(tmp_path):
-    cfg = load_config(CONFIG, [
-        "name=reg", "algorithm.name=grpo", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.001",
-        "algorithm.max_staleness=0", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2",
-        "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
-    ])
-    campaign = Campaign(cfg, tmp_path)
-    campaign.prepare()
-    campaign.warm_start()
+    campaign = _started(tmp_path, "name=reg", "algorithm.name=grpo", "algorithm.kl_coef=0.05",
+                        "algorithm.entropy_coef=0.001", "algorithm.max_staleness=0")
     metrics = [campaign.run_round(r) for r in (1, 2)][-1]
     # on-policy: every row is from the current version, none is stale
     assert metrics["sample/dropped_stale"] == 0 and metrics["train/steps"] == 1
@@ -57,14 +56,8 @@ def test_kl_entropy_and_staleness_options_run_in_a_campaign(tmp_path):
 
 
 def test_replay_buffer_and_curriculum_run_in_a_campaign(tmp_path):
-    cfg = load_config(CONFIG, [
-        "name=cur", "algorithm.name=grpo", "buffer.sampling=replay", "buffer.train_rows=32",
-        "explorer.task_selector=curriculum", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2",
-        "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
-    ])
-    campaign = Campaign(cfg, tmp_path)
-    campaign.prepare()
-    campaign.warm_start()
+    campaign = _started(tmp_path, "name=cur", "algorithm.name=grpo", "buffer.sampling=replay",
+                        "buffer.train_rows=32", "explorer.task_selector=curriculum")
     metrics = [campaign.run_round(r) for r in (1, 2)]
     # round 2 replays 32 rows (8 groups) out of the 2 rounds' 32 rows; each group used at most twice
     assert metrics[0]["sample/usual_rows"] == 16 and metrics[1]["sample/usual_rows"] == 32
