@@ -53,9 +53,11 @@ def main() -> None:
             rounds.append(time.perf_counter() - start)
     rows = int(metrics["contract/accepted"] + metrics["contract/quarantined"])
     contract, total = sum(spent), sum(rounds)
+    shares = sorted(c / r for c, r in zip(spent, rounds))
     print(f"{args.rounds} rounds of the default campaign, {rows} rows checked per round")
     print(f"round (all stages): {total / len(rounds) * 1000:.0f} ms   contract check: "
-          f"{contract / len(rounds) * 1000:.1f} ms   share: {100 * contract / total:.1f}%")
+          f"{contract / len(rounds) * 1000:.1f} ms   share: {100 * contract / total:.1f}% "
+          f"(per round: median {100 * shares[len(shares) // 2]:.1f}%, max {100 * shares[-1]:.1f}%)")
     print(f"first check of the process (builds the GX context): {first * 1000:.0f} ms")
 
 

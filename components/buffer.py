@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from components.experience import SCHEMA
-from components.shards import committed_shards, read_committed, read_shard, write_shard
+from components.shards import committed_shards, is_committed, read_committed, read_shard, write_shard
 from components.storage import ObjectStore
 
 Commit = Callable[[], None]
@@ -40,8 +40,9 @@ KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"),
 
 
 def campaigns_in(store: ObjectStore) -> list[str]:
-    """Campaign prefixes in ``store``: top-level names that hold a taskset."""
-    return sorted({k.split("/", 1)[0] for k in store.list("") if "/tasksets/" in k})
+    """Campaign prefixes in ``store``: top-level names that hold a taskset or experiences (an
+    ingested file may come before the campaign's first run)."""
+    return sorted({k.split("/", 1)[0] for k in store.list("") if "/tasksets/" in k or "/experiences/" in k})
 
 
 def round_dir(round_no: int) -> str:
@@ -189,10 +190,15 @@ class ExperienceBuffer:
         self._expert = None
         return write_shard(self.store, self.key("experiences", "expert"), table, part)
 
-    def write_ingested(self, source: str, ingest_id: str, table: pa.Table) -> str:
-        """Ingested ``expert`` demonstrations or ``human``-rated responses under ``ingest=<id>``."""
+    def write_ingested(self, source: str, ingest_id: str, table: pa.Table) -> bool:
+        """Ingested ``expert`` demonstrations or ``human``-rated responses under ``ingest=<id>``;
+        False if they were stored before (idempotent)."""
         self._expert = self._human = None
-        return write_shard(self.store, self.key("experiences", source, f"ingest={ingest_id}"), table)
+        prefix = self.key("experiences", source, f"ingest={ingest_id}")
+        if is_committed(self.store, prefix):
+            return False
+        write_shard(self.store, prefix, table)
+        return True
 
     def read_expert(self, human_min_reward: float | None = None) -> pa.Table:
         """Expert demonstrations (gold answers, ingested ones), plus human-rated responses whose

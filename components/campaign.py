@@ -69,8 +69,7 @@ class Campaign:
             self.buffer.write_quarantine("tasks-pipeline", result.dropped)
             metrics["tasks/pipeline_dropped"] = result.dropped.num_rows
         self.buffer.write_quarantine("tasks", taskset.quarantined)
-        self._record("tasks contract", 0, len(taskset.train) + len(taskset.held_out) + taskset.quarantined.num_rows,
-                     taskset.quarantined)
+        self._record("tasks contract", 0, taskset.rows_checked, taskset.quarantined)
         self.buffer.write_tasks("train", train_table)
         self.buffer.write_tasks("eval", tasks_to_table(taskset.held_out))
         train = tasks_from_table(train_table)

@@ -125,16 +125,19 @@ def validate_file(path: str | Path, kind: str, campaign: str, tokenizer, contrac
     return IngestResult(str(path), ingest_id, accepted, quarantined)
 
 
-def store_ingested(result: IngestResult, buffer: ExperienceBuffer, max_bad_fraction: float) -> None:
+def store_ingested(result: IngestResult, buffer: ExperienceBuffer, max_bad_fraction: float) -> bool:
     """Store an ingested file's accepted rows (by source) and its quarantine, unless more than
-    ``max_bad_fraction`` of its rows are bad (``ContractError``, nothing stored). Idempotent."""
+    ``max_bad_fraction`` of its rows are bad (``ContractError``, nothing stored). Idempotent:
+    returns False when its accepted rows were stored before (the same content, ingested again)."""
     enforce(Verdict(result.accepted, result.quarantined), max_bad_fraction, f"file {result.file}",
             label=lambda row: f"{result.file}:{json.loads(row['info'])['row']}")
+    new = False
     for source in ("expert", "human"):
         rows = result.accepted.filter(pc.equal(result.accepted.column("source"), source))
         if rows.num_rows:
-            buffer.write_ingested(source, result.ingest_id, rows)
+            new |= buffer.write_ingested(source, result.ingest_id, rows)
     buffer.write_quarantine(f"ingest={result.ingest_id}", result.quarantined)
+    return new or result.accepted.num_rows == 0
 
 
 __all__ = ["INGEST_KINDS", "IngestResult", "store_ingested", "validate_file"]

@@ -4,8 +4,9 @@ A step is ``{op: <name>, **options}``. Operators are pure functions registered p
 (``tasks``, ``experiences``) with ``@register_operator(kind, name)``; each returns the kept table,
 or (kept, dropped). ``run_pipeline`` never loses a row: the dropped ones come back with a
 ``reason`` naming the step (``pipeline:length_filter(max_tokens=16)``), and rows in = kept +
-dropped at every step (a transform like ``synthesize`` may add rows, never remove them). Options an operator declares but the step leaves out come from the run's context
-(e.g. ``seed``, ``pass_rates``).
+dropped at every step (a transform like ``synthesize`` may add rows, never remove them).
+Options an operator declares but the step leaves out come from the run's context (e.g. ``seed``,
+``pass_rates``).
 """
 
 from __future__ import annotations

@@ -28,10 +28,15 @@ def _marker_key(prefix: str, part: int) -> str:
     return f"{prefix}/{COMMIT_DIR}/part-{part:05d}.json"
 
 
+def is_committed(store: ObjectStore, prefix: str, part: int = 0) -> bool:
+    """Whether shard ``part`` under ``prefix`` has its commit marker."""
+    return store.exists(_marker_key(prefix, part))
+
+
 def write_shard(store: ObjectStore, prefix: str, table: pa.Table, part: int = 0) -> str:
     """Write ``table`` as shard ``part`` under ``prefix`` and commit it; idempotent. Returns the key."""
     key, marker = shard_key(prefix, part), _marker_key(prefix, part)
-    if store.exists(marker):
+    if is_committed(store, prefix, part):
         return key  # committed by an earlier (possibly crashed-after-commit) run
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")

@@ -149,6 +149,12 @@ class Taskset:
     train: list[Task]
     held_out: list[Task]
     quarantined: pa.Table  # task rows that broke the task contract: row, where, parse_error, …, reason
+    held_out_rows: int = 0  # accepted rows whose task is held out (a repeated question counts each time)
+
+    @property
+    def rows_checked(self) -> int:
+        """Rows the task contract saw = accepted (train + held-out rows) + quarantined."""
+        return len(self.train) + self.held_out_rows + self.quarantined.num_rows
 
 
 def validated_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None = None,
@@ -191,7 +197,7 @@ def load_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None 
         first.setdefault(t.task_id, t)
     held_out = [first[i] for i in distinct[:cfg.eval_size]]
     train = [t for t in tasks if t.task_id not in held_out_ids]
-    return Taskset(train, held_out, quarantined)
+    return Taskset(train, held_out, quarantined, held_out_rows=len(tasks) - len(train))
 
 
 def check_taskset(cfg: TasksetConfig, contracts: ContractsConfig | None = None) -> None:

@@ -183,7 +183,7 @@ def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, ov
         _fail(str(e))
     outcome = result.report()
     try:
-        store_ingested(result, buffer, cfg.contracts.max_bad_fraction)
+        outcome["new"] = store_ingested(result, buffer, cfg.contracts.max_bad_fraction)
         outcome["stored"] = True
     except ContractError as e:
         outcome["stored"], outcome["error"] = False, str(e)
@@ -200,6 +200,8 @@ def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, ov
     Console().print(table)
     if not outcome["stored"]:
         _fail(outcome["error"])
+    if not outcome["new"]:
+        Console().print(f"already ingested (ingest={outcome['ingest_id']}): nothing new stored")
 
 
 @ingest_app.command("feedback")

@@ -42,15 +42,16 @@ def test_explorer_contract_corpus():
     for eid, reason in zip(verdict.quarantined.column("experience_id").to_pylist(),
                            verdict.quarantined.column("reason").to_pylist()):
         by_id.setdefault(eid, []).append(reason)
-    expect = {"e1": "in_set(reward_is_finite)", "e2": "in_set(reward_is_finite)", "e3": "between(reward)",
-              "e4": "in_set(token_lengths_consistent)", "e5": "in_set(token_lengths_consistent)",
-              "e6": "in_set(source)", "e7": "not_be_null(task_id)", "e8": "value_lengths_to_be_between(task_id)",
-              "e9": "value_lengths_to_be_between(prompt)", "e10": "between(model_version)",
-              "e11": "between(response_tokens)", "e12": "between(prompt_tokens)", "e13": "in_set(has_logprobs)",
-              "e14": "in_set(group_size)", "e16": "not_be_null(response)", "e17": "in_set(reward_is_finite)"}
+    expect = {"e1": "sum_to_equal(reward_is_finite)", "e2": "sum_to_equal(reward_is_finite)", "e3": "between(reward)",
+              "e4": "sum_to_equal(token_lengths_consistent)", "e5": "sum_to_equal(token_lengths_consistent)",
+              "e6": "in_set(source)", "e7": "between(task_id_length)", "e8": "between(task_id_length)",
+              "e9": "between(prompt_length)", "e10": "between(model_version)",
+              "e11": "between(response_tokens)", "e12": "between(prompt_tokens)", "e13": "sum_to_equal(has_logprobs)",
+              "e14": "in_set(group_size)", "e16": "between(response_length)", "e17": "sum_to_equal(reward_is_finite)"}
     for eid, label in expect.items():
         assert any(label in r for r in by_id[eid]), (eid, by_id[eid])
-    assert any("in_set(experience_id_is_first)" in r for r in by_id["e0"])  # the second e0 is the duplicate
+    assert any("sum_to_equal(experience_id_is_first)" in r for r in by_id["e0"])  # the second e0 is the duplicate
+    assert by_id["e1"] == ["expect_multicolumn_sum_to_equal(reward_is_finite)"]  # only the false flag is named
 
 
 def test_expert_and_human_contracts_differ_from_the_explorer_one():
@@ -131,18 +132,18 @@ def test_feedback_corpus_is_quarantined_with_reasons_and_stored_once(tiny, tmp_p
                                                         result.quarantined.column("reason").to_pylist())}
     assert reasons[4] == "parse: feedback needs a 'rating' or a 'correction'"
     assert reasons[5] == "parse: 'rating' must be a number, got str"
-    assert "value_lengths_to_be_between(prompt)" in reasons[6]
+    assert "between(prompt_length)" in reasons[6]
     assert "between(prompt_tokens)" in reasons[7]
     assert reasons[8] == "parse: missing 'prompt'"
     assert "between(reward)" in reasons[9]
-    assert "in_set(reward_is_finite)" in reasons[10]
+    assert "sum_to_equal(reward_is_finite)" in reasons[10]
     assert reasons[11] == "parse: not valid UTF-8"
     correction = result.accepted.filter(pa.compute.equal(result.accepted.column("source"), "expert")).to_pylist()[0]
     assert correction["response"] == "8" and json.loads(correction["info"])["original_response"] == "9"
 
     buffer = ExperienceBuffer(open_store((tmp_path / "store").as_uri()), "c")
-    store_ingested(result, buffer, contracts.max_bad_fraction)
-    store_ingested(result, buffer, contracts.max_bad_fraction)  # same file again: no duplicates
+    assert store_ingested(result, buffer, contracts.max_bad_fraction) is True
+    assert store_ingested(result, buffer, contracts.max_bad_fraction) is False  # same file again: no duplicates
     assert buffer.read_kind("human").num_rows == 2 and buffer.read_kind("quarantine").num_rows == 8
     # demonstrations the trainer samples: the correction, plus the human row rated ≥ 1.0
     assert sorted(buffer.read_expert(1.0).column("response").to_pylist()) == ["7", "8"]

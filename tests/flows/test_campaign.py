@@ -138,5 +138,6 @@ def test_validation_report_is_written_logged_and_linked(finished):
     per_round = cfg.explorer.tasks_per_round * cfg.explorer.repeat_times
     assert f"| experience contract | 2 | {2 * per_round} |" in text and "| expert contract | 1 |" in text
     assert "| experience pipeline | 2 |" in text
+    assert f"| tasks contract | 1 | {cfg.taskset.size} | {cfg.taskset.size} | 0 |" in text  # every generated row
     client = MlflowClient(summary["mlflow_tracking_uri"])
     assert [a.path for a in client.list_artifacts(summary["mlflow_run_id"], "validation")] == ["validation/validation.md"]

@@ -28,9 +28,12 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(tmp_pa
     assert result.exit_code == 0, result.output
     outcome = json.loads(report.read_text())
     assert (outcome["rows"], outcome["accepted"], outcome["quarantined"]) == (12, 11, 1)
-    assert outcome["by_source"] == {"human": 10, "expert": 1} and outcome["stored"]
-    assert set(outcome["reasons"]) == {"expect_column_value_lengths_to_be_between(prompt)",
+    assert outcome["by_source"] == {"human": 10, "expert": 1} and outcome["stored"] and outcome["new"]
+    assert set(outcome["reasons"]) == {"expect_column_values_to_be_between(prompt_length)",
                                        "expect_column_values_to_be_between(prompt_tokens)"}  # the empty prompt
+    ls = CliRunner().invoke(app, ["buffer", "ls", str(tmp_path / "run")], terminal_width=200)  # before any run
+    cells = [[c.strip() for c in line.split("│")[1:5]] for line in ls.output.splitlines()]
+    assert ls.exit_code == 0 and ["human", "0", "human", "10"] in cells, ls.output
 
     cfg = load_config(CONFIG, SETTINGS)
     campaign = Campaign(cfg, tmp_path / "run")
@@ -46,3 +49,4 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(tmp_pa
     # a second ingest of the same file stores nothing new
     again = CliRunner().invoke(app, args, terminal_width=200)
     assert again.exit_code == 0 and campaign.buffer.read_kind("human").num_rows == 10
+    assert f"already ingested (ingest={outcome['ingest_id']}): nothing new stored" in again.output
