@@ -40,9 +40,14 @@ KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"),
 
 
 def campaigns_in(store: ObjectStore) -> list[str]:
-    """Campaign prefixes in ``store``: top-level names that hold a taskset or experiences (an
-    ingested file may come before the campaign's first run)."""
-    return sorted({k.split("/", 1)[0] for k in store.list("") if "/tasksets/" in k or "/experiences/" in k})
+    """Campaign prefixes in ``store``: top-level names that hold a taskset, experiences (an
+    ingested file may come before the campaign's first run) or state."""
+    names = set()
+    for key in store.list(""):
+        campaign, _, rest = key.partition("/")
+        if rest.split("/", 1)[0] in ("tasksets", "experiences", "state"):
+            names.add(campaign)
+    return sorted(names)
 
 
 def round_dir(round_no: int) -> str:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import torch
 
 from components import explorer
-from components.buffer import ExperienceBuffer
+from components.buffer import ExperienceBuffer, campaigns_in, round_dir
 from components.config import CampaignConfig
 from components.models import load_model
 from components.rewards import make_reward_fn
@@ -28,11 +28,11 @@ from components.sampling import (
 )
 from components.storage import open_store
 from components.sync import MemoryWeightSync
-from components.selectors import PassRates, select_tasks
-from components.tasksets import Task, load_tasks, tasks_from_table, tasks_to_table
+from components.selectors import PassRates, measured_rewards, select_tasks
+from components.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
 from components.trainer import Trainer
 from components.pipelines import run_pipeline
-from components.validation import ValidationEntry, check_experiences, enforce
+from components.validation import ContractError, ValidationEntry, check_experiences, enforce
 
 
 class Campaign:
@@ -63,11 +63,14 @@ class Campaign:
         train_table = tasks_to_table(taskset.train)
         metrics: dict[str, float] = {}
         if self.cfg.pipelines.tasks:
-            result = run_pipeline("tasks", train_table, self.cfg.pipelines.tasks, seed=self.cfg.seed)
-            train_table = result.kept
-            self._record("tasks pipeline", 0, train_table.num_rows + result.dropped.num_rows, result.dropped)
-            self.buffer.write_quarantine("tasks-pipeline", result.dropped)
-            metrics["tasks/pipeline_dropped"] = result.dropped.num_rows
+            result = run_pipeline("tasks", train_table, self.cfg.pipelines.tasks, seed=self.cfg.seed,
+                                  prompt_template=self.cfg.taskset.prompt_template,
+                                  pass_rates=self.store_pass_rates())
+            train_table, rejected = recheck_tasks(result.kept, taskset.held_out, self.cfg.contracts)
+            dropped = pa.concat_tables([result.dropped, rejected], promote_options="default")
+            self._record("tasks pipeline", 0, train_table.num_rows + dropped.num_rows, dropped)
+            self.buffer.write_quarantine("tasks-pipeline", dropped)
+            metrics |= {"tasks/pipeline_dropped": dropped.num_rows, "tasks/pipeline_added": result.added}
         self.buffer.write_quarantine("tasks", taskset.quarantined)
         self._record("tasks contract", 0, taskset.rows_checked, taskset.quarantined)
         self.buffer.write_tasks("train", train_table)
@@ -151,7 +154,11 @@ class Campaign:
         verdict = check_experiences(scored, contracts.bounds(max_model_version=self.weights.version,
                                                              group_size=self.cfg.explorer.repeat_times))
         self._record("experience contract", round_no, scored.num_rows, verdict.quarantined)
-        enforce(verdict, contracts.max_bad_fraction, f"round {round_no} experiences")
+        try:
+            enforce(verdict, contracts.max_bad_fraction, f"round {round_no} experiences")
+        except ContractError:  # the stage fails; its bad rows stay where `buffer show --kind quarantine` finds them
+            self.buffer.write_quarantine(f"failed/{round_dir(round_no)}", verdict.quarantined)
+            raise
         accepted, rejected = verdict.accepted, verdict.quarantined
         metrics = {}
         if self.cfg.pipelines.experiences:
@@ -173,18 +180,20 @@ class Campaign:
         accepted = verified.filter(pc.invert(rejected)).drop_columns(["reason"])
         self.buffer.write_usual(round_no, accepted)
         self.buffer.write_quarantine(round_no, verified.filter(rejected))
-        metrics = {"buffer/usual_rows": accepted.num_rows}
-        if self.cfg.explorer.task_selector == "curriculum":
-            rates = self.pass_rates()
-            if rates.add_round(round_no, zip(accepted.column("task_id").to_pylist(),
-                                             accepted.column("reward").to_pylist())):
-                self.buffer.write_state("pass_rates", rates.to_state())
-            metrics["curriculum/mean_pass_rate"] = rates.mean()
-        return metrics
+        rates = self.pass_rates()
+        if rates.add_round(round_no, measured_rewards(verified)):
+            self.buffer.write_state("pass_rates", rates.to_state())
+        return {"buffer/usual_rows": accepted.num_rows, "tasks/mean_pass_rate": rates.mean()}
 
     def pass_rates(self) -> PassRates:
         """Measured pass rates of the training tasks (``state/pass_rates.json``)."""
         return PassRates(self.buffer.read_state("pass_rates"))
+
+    def store_pass_rates(self) -> PassRates:
+        """Pass rates measured by every campaign in this store (tasks are keyed by question hash,
+        so a task explored by an earlier campaign on the same source has a measured rate)."""
+        return PassRates.merged(ExperienceBuffer(self.store, name).read_state("pass_rates")
+                                for name in campaigns_in(self.store))
 
     def train(self, round_no: int) -> dict[str, float]:
         """Update the policy on explorer experiences taken from the buffer (FIFO or replay, see
@@ -213,7 +222,10 @@ class Campaign:
             parts.append(usual)
         if algo.uses_expert:
             parts.append(self.buffer.sample_expert(algo.expert_per_round, self.rng, algo.human_min_reward))
-        rows = pa.concat_tables(parts).to_pylist()
+        batch = pa.concat_tables(parts)
+        sources = Counter(batch.column("source").to_pylist())
+        metrics |= {"sample/expert_rows": sources["expert"], "sample/human_rows": sources["human"]}
+        rows = batch.to_pylist()
         lr = self.trainer.round_lr(round_no, self.cfg.rounds)
         self.trainer.set_lr(lr)
         metrics = {**self.trainer.train(rows), **metrics, "train/lr": lr}

@@ -79,7 +79,10 @@ def _experience(row: Any, kind: str, *, campaign: str, ingest_id: str, row_no: i
         elif isinstance(rating, bool) or not isinstance(rating, (int, float)):
             raise ValueError(f"'rating' must be a number, got {type(rating).__name__}")
         else:
-            source, reward = "human", float(rating)
+            try:
+                source, reward = "human", float(rating)
+            except OverflowError:  # an integer too large for a float; the contract checks the range
+                raise ValueError(f"'rating' {str(rating)[:20]}… is out of range") from None
     tid = _string(row, "task_id", required=False) or task_id(prompt)
     response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return make_experience(

@@ -74,11 +74,12 @@ class PipelineResult:
     kept: pa.Table
     dropped: pa.Table  # the removed rows plus ``reason``
     counts: dict[str, int] = field(default_factory=dict)  # rows dropped per "<index>:<op>"
+    added: int = 0  # rows a transform added (synthesize): rows in + added = kept + dropped
 
 
 def run_pipeline(kind: str, table: pa.Table, steps: Sequence[Mapping[str, Any]], **context: Any) -> PipelineResult:
     """Apply ``steps`` in order (see the module docstring)."""
-    dropped, counts = [], {}
+    dropped, counts, added = [], {}, 0
     for index, step in enumerate(steps):
         before = table.num_rows
         fn, options = _operator(kind, index, step)
@@ -92,12 +93,13 @@ def run_pipeline(kind: str, table: pa.Table, steps: Sequence[Mapping[str, Any]],
         if not grown and table.num_rows + n != before:
             raise RuntimeError(f"pipelines.{kind}[{index}] ({step['op']}) lost rows: {before} in, "
                                f"{table.num_rows} kept + {n} dropped")
+        added += table.num_rows - before if grown else 0
         if n:
             dropped.append(removed.append_column("reason", pa.array([label] * n, pa.string())))
         counts[f"{index}:{step['op']}"] = n
     schema = table.schema.append(pa.field("reason", pa.string()))
     lost = pa.concat_tables(dropped, promote_options="default") if dropped else schema.empty_table()
-    return PipelineResult(table, lost, counts)
+    return PipelineResult(table, lost, counts, added)
 
 
 def _split(table: pa.Table, keep: list[bool]) -> tuple[pa.Table, pa.Table]:
@@ -112,11 +114,15 @@ def _clean(text: str | None) -> str | None:
 
 @register_operator("tasks", "normalize")
 def normalize_tasks(table: pa.Table) -> pa.Table:
-    """NFKC-normalise question, answer and prompt; strip; collapse whitespace runs to one space."""
+    """NFKC-normalise question, answer and prompt; strip; collapse whitespace runs to one space.
+    The task id is the question's hash, so it is recomputed."""
+    from components.tasksets import task_id
+
     for column in ("question", "answer", "prompt"):
         cleaned = pa.array([_clean(v) for v in table.column(column).to_pylist()], pa.string())
         table = table.set_column(table.schema.get_field_index(column), table.schema.field(column), cleaned)
-    return table
+    ids = pa.array([task_id(q) for q in table.column("question").to_pylist()], pa.string())
+    return table.set_column(table.schema.get_field_index("task_id"), table.schema.field("task_id"), ids)
 
 
 @register_operator("tasks", "length_filter")

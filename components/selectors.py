@@ -21,6 +21,8 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pyarrow as pa
+
 from components.tasksets import Task
 
 SELECTORS = ("sequential", "shuffle", "random", "curriculum")
@@ -59,6 +61,29 @@ class PassRates:
 
     def to_state(self) -> dict[str, Any]:
         return {"rounds": sorted(self.rounds), "tasks": self.tasks}
+
+    @classmethod
+    def merged(cls, states: Iterable[Mapping[str, Any] | None]) -> PassRates:
+        """Several campaigns' measurements summed per task (rounds are not carried over)."""
+        out = cls()
+        for state in states:
+            for task_id, (total, n) in (state or {}).get("tasks", {}).items():
+                mine = out.tasks.setdefault(task_id, [0.0, 0])
+                mine[0] += total
+                mine[1] += n
+        return out
+
+
+def measured_rewards(verified: pa.Table) -> list[tuple[str, float]]:
+    """(task_id, reward before any reward shaping) of each scored row of a round's verified table:
+    accepted rows and rows a pipeline dropped, not rows that broke the contract (their reward
+    may be missing or out of range)."""
+    reasons = verified.column("reason").to_pylist()
+    rewards = verified.column("reward").to_pylist()
+    per_fn = verified.column("rewards").to_pylist()
+    return [(tid, dict(fns or []).get("unshaped", r)) for tid, r, fns, why in
+            zip(verified.column("task_id").to_pylist(), rewards, per_fn, reasons)
+            if why is None or why.startswith("pipeline:")]
 
 
 def select_tasks(tasks: list[Task], round_no: int, k: int, seed: int, *, selector: str = "shuffle",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from components.config import ContractsConfig, TasksetConfig
 
@@ -29,6 +30,11 @@ TASK_SCHEMA = pa.schema(
         pa.field("metadata", pa.string()),
     ]
 )
+# A task row before the contract: where it came from, and what parsing it said.
+CANDIDATE_SCHEMA = pa.schema([
+    ("row", pa.int64()), ("where", pa.string()), ("parse_error", pa.string()), ("question", pa.string()),
+    ("answer", pa.string()), ("prompt", pa.string()), ("metadata", pa.string()),
+])
 
 
 class TasksetError(ValueError):
@@ -97,10 +103,30 @@ def read_rows(path: Path, what: str = "file") -> list[tuple[int, Any, str | None
                 continue
             if line.strip():
                 try:
-                    rows.append((lineno, json.loads(line), None))
+                    row = json.loads(line)
                 except json.JSONDecodeError as e:
                     rows.append((lineno, None, f"not valid JSON ({e.msg})"))
+                    continue
+                # JSON may escape a lone surrogate ("\ud800"): valid JSON, not encodable text
+                if "\\u" in line and _has_surrogate(row):
+                    rows.append((lineno, None, "not valid UTF-8 (an escaped lone surrogate)"))
+                else:
+                    rows.append((lineno, row, None))
     return rows
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
 
 
 def _text(value: Any, key: str) -> str | None:
@@ -138,6 +164,17 @@ def _file_candidates(path: Path, cfg: TasksetConfig) -> list[dict[str, Any]]:
     return out
 
 
+def _generated_candidates(cfg: TasksetConfig, seed: int, size: int) -> list[dict[str, Any]]:
+    """A reasoning-gym taskset as contract candidates, like a file's rows (``where`` = source#n)."""
+    entries = _reasoning_gym_entries(cfg.source[len(REASONING_GYM_PREFIX):], cfg.params, size, seed)
+    out = []
+    for n, entry in enumerate(entries, start=1):
+        task = _to_task(entry, cfg.prompt_template)
+        out.append({"row": n, "where": f"{cfg.source}#{n}", "parse_error": None, "question": task.question,
+                    "answer": task.answer, "prompt": task.prompt, "metadata": json.dumps(task.metadata)})
+    return out
+
+
 def _to_task(entry: dict[str, Any], template: str) -> Task:
     question, answer = str(entry["question"]), str(entry["answer"])
     metadata = json.loads(json.dumps(entry.get("metadata") or {}, default=str))  # JSON-safe
@@ -165,10 +202,10 @@ def validated_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | 
 
     contracts = contracts or ContractsConfig()
     if cfg.source.startswith(REASONING_GYM_PREFIX):
-        entries = _reasoning_gym_entries(cfg.source[len(REASONING_GYM_PREFIX):], cfg.params, size or cfg.size, seed)
-        return [_to_task(e, cfg.prompt_template) for e in entries], pa.table({})
-    candidates = pa.Table.from_pylist(_file_candidates(Path(cfg.source), cfg))
-    verdict = check(candidates, "tasks", contracts.bounds())
+        candidates = _generated_candidates(cfg, seed, size or cfg.size)
+    else:
+        candidates = _file_candidates(Path(cfg.source), cfg)
+    verdict = check(pa.Table.from_pylist(candidates, schema=CANDIDATE_SCHEMA), "tasks", contracts.bounds())
     try:
         enforce(verdict, contracts.max_bad_fraction, f"taskset {cfg.source}", row_label="where")
     except ContractError as e:
@@ -176,6 +213,20 @@ def validated_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | 
     tasks = [Task(task_id(r["question"]), r["question"], r["prompt"], r["answer"], json.loads(r["metadata"]))
              for r in verdict.accepted.to_pylist()]
     return tasks, verdict.quarantined
+
+
+def recheck_tasks(table: pa.Table, held_out: list[Task], contracts: ContractsConfig) -> tuple[pa.Table, pa.Table]:
+    """Train tasks after a task pipeline (which may rewrite or add tasks), checked again: the task
+    contract, and no question equal to a held-out one. Returns (kept, rejected with ``reason``)."""
+    from components.validation import check
+
+    verdict = check(table.append_column("parse_error", pa.nulls(table.num_rows, pa.string())), "tasks",
+                    contracts.bounds())
+    kept, rejected = verdict.accepted.drop_columns(["parse_error"]), verdict.quarantined.drop_columns(["parse_error"])
+    held = pc.is_in(kept.column("task_id"), pa.array([t.task_id for t in held_out], pa.string()))
+    leaked = kept.filter(held)
+    reason = pa.array(["pipeline: the question is held out for evaluation"] * leaked.num_rows, pa.string())
+    return kept.filter(pc.invert(held)), pa.concat_tables([rejected, leaked.append_column("reason", reason)])
 
 
 def load_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None = None) -> Taskset:
@@ -223,5 +274,5 @@ def tasks_from_table(table: pa.Table) -> list[Task]:
     ]
 
 
-__all__ = ["Task", "Taskset", "TasksetError", "check_taskset", "load_tasks", "read_rows", "tasks_from_table", "tasks_to_table",
-           "validated_tasks"]
+__all__ = ["Task", "Taskset", "TasksetError", "check_taskset", "load_tasks", "read_rows", "recheck_tasks",
+           "tasks_from_table", "tasks_to_table", "validated_tasks"]

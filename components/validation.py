@@ -7,12 +7,13 @@ the configured threshold, naming its first bad rows.
 Contracts (one GX suite each, over a frame of the table's columns and derived ones: text lengths,
 token counts, and flag columns for the per-row rules GX has no expectation for, checked together):
 
-- ``explorer`` experiences: ids, prompt non-null and non-empty; source ``explorer``; reward finite
-  and within bounds; 1 ≤ token lengths ≤ bounds; log-probs present and as long as the response;
-  mask as long as the response; weight version in [0, current] (not from the future); every
-  group has ``repeat_times`` rows; no experience id repeated (later copies are the bad ones).
+- ``explorer`` experiences: ids, campaign, prompt non-null and non-empty; response non-null;
+  source ``explorer``; round ≥ 0; reward finite and within bounds; 1 ≤ token lengths ≤ bounds;
+  no null token id or mask value, no non-finite log-prob; log-probs present and, like the mask,
+  as long as the response; weight version in [0, current] (not from the future); every group
+  has ``repeat_times`` rows; no experience id repeated (later copies are the bad ones).
 - ``expert`` demonstrations and ``human`` feedback: the same, with source ``expert``/``human``,
-  log-probs optional and no group-size rule.
+  a non-empty response, log-probs optional and no group-size rule.
 - ``tasks``: the row parsed (valid UTF-8, JSON, an object); question, answer and prompt
   non-null, non-empty strings within the length bound.
 """
@@ -26,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -94,12 +96,14 @@ def contract_suite(kind: str, bounds: ContractBounds):
             add(E.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1, max_value=bounds.max_text_chars))
         return suite
     # Experience suites run every round and GX spends ~3 ms per expectation whatever the row count,
-    # so the suite is kept short: ``_experience_frame`` measures the text fields (a null one as
-    # length 0; a null response, which may be empty, as -1) and folds the per-row checks GX has no
-    # expectation for into flag columns, checked all at once (the reason names the false flags).
-    for column in ("experience_id", "task_id", "group_id", "prompt"):
-        add(E.ExpectColumnValuesToBeBetween(column=f"{column}_length", min_value=1, max_value=bounds.max_text_chars))
-    add(E.ExpectColumnValuesToBeBetween(column="response_length", min_value=0, max_value=bounds.max_text_chars))
+    # so the suite is kept short: the rules with configured bounds are expectations over numbers
+    # ``_experience_frame`` measures (a null text has length 0; a null response, which may be
+    # empty, -1); the unparameterised per-row rules are flag columns, all checked by one
+    # expectation whose reason names the false flags.
+    add(E.ExpectColumnValuesToBeBetween(column="prompt_length", min_value=1, max_value=bounds.max_text_chars))
+    # an explorer response may be empty (the model stopped at once); a demonstration or a rated one not
+    add(E.ExpectColumnValuesToBeBetween(column="response_length", min_value=0 if kind == "explorer" else 1,
+                                        max_value=bounds.max_text_chars))
     add(E.ExpectColumnValuesToBeInSet(column="source", value_set=[kind]))
     add(E.ExpectColumnValuesToBeBetween(column="reward", min_value=bounds.reward_min, max_value=bounds.reward_max))
     add(E.ExpectColumnValuesToBeBetween(column="prompt_tokens", min_value=1, max_value=bounds.max_prompt_tokens))
@@ -112,10 +116,27 @@ def contract_suite(kind: str, bounds: ContractBounds):
     return suite
 
 
+IDS = ("experience_id", "campaign", "task_id", "group_id")
+
+
 def _flags(kind: str) -> tuple[str, ...]:
     """The per-row flag columns of an experience contract: each must be true."""
-    flags = ("reward_is_finite", "token_lengths_consistent", "experience_id_is_first")
+    flags = (*(f"{c}_present" for c in IDS), "round_valid", "reward_is_finite", "token_lengths_consistent",
+             "tokens_complete", "experience_id_is_first")
     return (*flags, "has_logprobs") if kind == "explorer" else flags
+
+
+def _not_finite(values: pa.Array) -> pa.Array:
+    return pc.fill_null(pc.invert(pc.is_finite(values)), True)
+
+
+def _any_element(column: pa.ChunkedArray, bad) -> np.ndarray:
+    """Per row of a list column: whether ``bad(elements)`` holds for any element (a null list: no)."""
+    lists = column.combine_chunks()
+    hit = np.zeros(len(lists), dtype=bool)
+    flagged = pc.list_parent_indices(lists).filter(bad(pc.list_flatten(lists)))
+    hit[flagged.to_numpy()] = True
+    return hit
 
 
 def _experience_frame(table: pa.Table):
@@ -127,9 +148,11 @@ def _experience_frame(table: pa.Table):
         measure = pc.utf8_length if pa.types.is_string(table.schema.field(column).type) else pc.list_value_length
         return pc.fill_null(measure(table.column(column)), null).to_numpy()
 
-    df = pd.DataFrame({f"{c}_length": length(c, -1 if c == "response" else 0)
-                       for c in ("experience_id", "task_id", "group_id", "prompt", "response")})
-    df["source"] = pd.Series(table.column("source").to_pylist(), dtype=object)
+    df = pd.DataFrame({f"{c}_present": length(c, 0) > 0 for c in IDS})  # non-null and non-empty
+    df["prompt_length"] = length("prompt", 0)
+    df["response_length"] = length("response", -1)
+    df["source"] = pd.Series(pc.fill_null(table.column("source"), "").to_pylist(), dtype=object)
+    df["round_valid"] = pc.fill_null(table.column("round"), -1).to_numpy() >= 0
     df["prompt_tokens"] = length("prompt_ids", 0)
     df["response_tokens"] = length("response_ids", 0)
     rewards = table.column("reward").to_pylist()
@@ -138,6 +161,10 @@ def _experience_frame(table: pa.Table):
     ids, logprobs, mask = (length(c, -1) for c in ("response_ids", "response_logprobs", "response_mask"))
     df["token_lengths_consistent"] = (ids >= 0) & ((logprobs == -1) | (logprobs == ids)) & ((mask == -1) | (mask == ids))
     df["has_logprobs"] = logprobs >= 0
+    df["tokens_complete"] = ~(_any_element(table.column("prompt_ids"), pc.is_null)
+                              | _any_element(table.column("response_ids"), pc.is_null)
+                              | _any_element(table.column("response_mask"), pc.is_null)
+                              | _any_element(table.column("response_logprobs"), _not_finite))
     group_ids, experience_ids = table.column("group_id").to_pylist(), table.column("experience_id").to_pylist()
     sizes = Counter(group_ids)
     df["group_size"] = [sizes[g] for g in group_ids]

@@ -13,7 +13,7 @@ from components.experience import make_experience, to_table
 from components.feedback import store_ingested, validate_file
 from components.storage import open_store
 from components.tasksets import TasksetError, validated_tasks
-from components.validation import ContractBounds, ContractError, Verdict, check, enforce, validation_report
+from components.validation import ContractBounds, ContractError, ValidationEntry, check, enforce, validation_report
 
 
 def _row(i, **overrides):
@@ -33,21 +33,28 @@ def test_explorer_contract_corpus():
             _row(4, response_logprobs=[-0.1]), _row(5, response_mask=[1]), _row(6, source="robot"),
             _row(7, task_id=None), _row(8, task_id=""), _row(9, prompt=""), _row(10, model_version=5),
             _row(11, response_ids=[], response_logprobs=[], response_mask=[]), _row(12, prompt_ids=list(range(9))),
-            _row(13, response_logprobs=None), _row(14, group_id="g0"), _row(0, group_id="dup"),
-            _row(16, response=None), _row(17, reward=None)]
+            _row(13, response_logprobs=None), _row(14, group_id="pair"), _row(0, group_id="dup"),
+            _row(16, response=None), _row(17, reward=None), _row(18, source=None), _row(19, campaign=None),
+            _row(20, round=None), _row(21, prompt_ids=[1, None, 3]), _row(22, response_ids=[4, None]),
+            _row(23, response_logprobs=[-0.1, math.nan]), _row(24, response_mask=[1, None]),
+            _row(25, group_id="pair"), _row(26, response="")]
     verdict = check(to_table(rows), "explorer", bounds)
     assert verdict.counts["rows"] == len(rows) == verdict.counts["accepted"] + verdict.counts["quarantined"]
-    assert verdict.accepted.column("experience_id").to_pylist() == []  # e0 shares g0 with e14: group of 2 ≠ 1
+    assert verdict.accepted.column("experience_id").to_pylist() == ["e0", "e26"]  # an empty response may be fine
     by_id = {}
     for eid, reason in zip(verdict.quarantined.column("experience_id").to_pylist(),
                            verdict.quarantined.column("reason").to_pylist()):
         by_id.setdefault(eid, []).append(reason)
     expect = {"e1": "sum_to_equal(reward_is_finite)", "e2": "sum_to_equal(reward_is_finite)", "e3": "between(reward)",
               "e4": "sum_to_equal(token_lengths_consistent)", "e5": "sum_to_equal(token_lengths_consistent)",
-              "e6": "in_set(source)", "e7": "between(task_id_length)", "e8": "between(task_id_length)",
+              "e6": "in_set(source)", "e7": "sum_to_equal(task_id_present)", "e8": "sum_to_equal(task_id_present)",
               "e9": "between(prompt_length)", "e10": "between(model_version)",
               "e11": "between(response_tokens)", "e12": "between(prompt_tokens)", "e13": "sum_to_equal(has_logprobs)",
-              "e14": "in_set(group_size)", "e16": "between(response_length)", "e17": "sum_to_equal(reward_is_finite)"}
+              "e14": "in_set(group_size)", "e16": "between(response_length)", "e17": "sum_to_equal(reward_is_finite)",
+              "e18": "in_set(source)", "e19": "sum_to_equal(campaign_present)", "e20": "sum_to_equal(round_valid)",
+              "e21": "sum_to_equal(tokens_complete)", "e22": "sum_to_equal(tokens_complete)",
+              "e23": "sum_to_equal(tokens_complete)", "e24": "sum_to_equal(tokens_complete)",
+              "e25": "in_set(group_size)"}
     for eid, label in expect.items():
         assert any(label in r for r in by_id[eid]), (eid, by_id[eid])
     assert any("sum_to_equal(experience_id_is_first)" in r for r in by_id["e0"])  # the second e0 is the duplicate
@@ -59,6 +66,8 @@ def test_expert_and_human_contracts_differ_from_the_explorer_one():
     assert check(to_table([demo]), "expert").counts["accepted"] == 1  # no log-probs needed
     verdict = check(to_table([demo]), "human")
     assert "in_set(source)" in verdict.quarantined.column("reason")[0].as_py()
+    empty = check(to_table([_row(1, source="expert", response="", group_id="b")]), "expert")
+    assert empty.quarantined.column("reason").to_pylist() == ["expect_column_values_to_be_between(response_length)"]
 
 
 def test_threshold_fails_the_batch_naming_the_first_bad_rows():
@@ -79,6 +88,7 @@ TASK_LINES = [
     json.dumps({"question": ["x"], "answer": "1"}).encode(),
     json.dumps({"question": "x" * 200, "answer": "1"}).encode(),
     json.dumps({"question": 12, "answer": 3}).encode(),  # numbers are fine: formatted as text
+    b'{"question": "\\ud800", "answer": "1"}',  # valid JSON, a lone surrogate: not encodable text
 ]
 
 
@@ -86,7 +96,7 @@ def test_task_file_corpus(tmp_path):
     path = tmp_path / "tasks.jsonl"
     path.write_bytes(b"\n".join(TASK_LINES) + b"\n")
     cfg = TasksetConfig(source=str(path))
-    with pytest.raises(TasksetError, match=rf"taskset {path}: 6 of 9 rows .* first: {path}:2: expect_column_values_to_be_null\(parse_error\): not valid UTF-8 \| {path}:3: "):
+    with pytest.raises(TasksetError, match=rf"taskset {path}: 7 of 10 rows .* first: {path}:2: expect_column_values_to_be_null\(parse_error\): not valid UTF-8 \| {path}:3: "):
         validated_tasks(cfg, 0, ContractsConfig(max_bad_fraction=0.5))
     tasks, quarantined = validated_tasks(cfg, 0, ContractsConfig(max_bad_fraction=1.0))
     assert [t.question for t in tasks] == ["1+1", "x" * 200, "12"] and len(tasks) + quarantined.num_rows == len(TASK_LINES)
@@ -95,6 +105,7 @@ def test_task_file_corpus(tmp_path):
     assert "expected an object, got list" in reasons[4] and "not_be_null(answer)" in reasons[5]
     assert "value_lengths_to_be_between(question)" in reasons[6]
     assert "'question' must be a string, got list" in reasons[7]
+    assert "lone surrogate" in reasons[10]
     # 200 characters are within the default bound, not within max_text_chars=100
     _, short = validated_tasks(cfg, 0, ContractsConfig(max_bad_fraction=1.0, max_text_chars=100))
     assert "value_lengths_to_be_between(question)" in dict(zip(short.column("row").to_pylist(),
@@ -117,7 +128,10 @@ FEEDBACK = [
 def _feedback_file(tmp_path, extra: bytes = b""):
     path = tmp_path / "feedback.jsonl"
     path.write_bytes(b"\n".join(json.dumps(r).encode() for r in FEEDBACK) + b"\n{\"prompt\": \"5 + 5 =\", "
-                     b"\"response\": \"10\", \"rating\": NaN}\n\xff bad bytes\n" + extra)
+                     b"\"response\": \"10\", \"rating\": NaN}\n\xff bad bytes\n"
+                     b'{"prompt": "\\ud800", "response": "1", "rating": 1}\n'  # a lone surrogate
+                     b'{"prompt": "1 + 1 =", "response": "2", "rating": 1' + b"0" * 400 + b'}\n'  # no float
+                     b'{"prompt": "1 + 1 =", "response": "3", "correction": ""}\n' + extra)  # empty correction
     return path
 
 
@@ -126,7 +140,7 @@ def test_feedback_corpus_is_quarantined_with_reasons_and_stored_once(tiny, tmp_p
     contracts = ContractsConfig(max_prompt_tokens=1000, max_bad_fraction=0.8)
     result = validate_file(_feedback_file(tmp_path), "feedback", "c", tokenizer, contracts)
     report = result.report()
-    assert report["rows"] == 11 == report["accepted"] + report["quarantined"]
+    assert report["rows"] == 14 == report["accepted"] + report["quarantined"]
     assert report["by_source"] == {"human": 2, "expert": 1}  # two ratings (1.0 and 0.0), one correction
     reasons = {json.loads(i)["row"]: r for i, r in zip(result.quarantined.column("info").to_pylist(),
                                                         result.quarantined.column("reason").to_pylist())}
@@ -138,26 +152,28 @@ def test_feedback_corpus_is_quarantined_with_reasons_and_stored_once(tiny, tmp_p
     assert "between(reward)" in reasons[9]
     assert "sum_to_equal(reward_is_finite)" in reasons[10]
     assert reasons[11] == "parse: not valid UTF-8"
+    assert reasons[12] == "parse: not valid UTF-8 (an escaped lone surrogate)"
+    assert reasons[13].startswith("parse: 'rating' 1000") and reasons[13].endswith("is out of range")
+    assert reasons[14] == "expect_column_values_to_be_between(response_length)"
     correction = result.accepted.filter(pa.compute.equal(result.accepted.column("source"), "expert")).to_pylist()[0]
     assert correction["response"] == "8" and json.loads(correction["info"])["original_response"] == "9"
 
     buffer = ExperienceBuffer(open_store((tmp_path / "store").as_uri()), "c")
     assert store_ingested(result, buffer, contracts.max_bad_fraction) is True
     assert store_ingested(result, buffer, contracts.max_bad_fraction) is False  # same file again: no duplicates
-    assert buffer.read_kind("human").num_rows == 2 and buffer.read_kind("quarantine").num_rows == 8
+    assert buffer.read_kind("human").num_rows == 2 and buffer.read_kind("quarantine").num_rows == 11
     # demonstrations the trainer samples: the correction, plus the human row rated ≥ 1.0
     assert sorted(buffer.read_expert(1.0).column("response").to_pylist()) == ["7", "8"]
-    with pytest.raises(ContractError, match=r"file .*feedback.jsonl: 8 of 11 rows .* first: .*feedback.jsonl:4: parse"):
+    with pytest.raises(ContractError, match=r"file .*feedback.jsonl: 11 of 14 rows .* first: .*feedback.jsonl:4: parse"):
         store_ingested(result, ExperienceBuffer(buffer.store, "other"), 0.5)
     assert buffer.read_kind("human").num_rows == 2  # nothing stored for the failed batch
 
 
 def test_validation_report_lists_stages_and_reasons():
     verdict = check(to_table([_row(0), _row(1, reward=9.0)]), "explorer")
-    from components.validation import ValidationEntry
-
     entries = [ValidationEntry("experience contract", 1, 2, verdict.counts["accepted"], verdict.counts["quarantined"],
-                               verdict.reasons)]
+                               verdict.reasons), ValidationEntry("expert contract", 0, 5, 5, 0, {})]
     text = validation_report(entries, "demo")
-    assert "| experience contract | 1 | 2 | 1 | 1 |" in text and "between(reward) ×1" in text
-    assert isinstance(verdict, Verdict)
+    assert "| experience contract | 1 | 2 | 1 | 1 |" in text and "| expert contract | 1 | 5 | 5 | 0 |" in text
+    assert "| experience contract | 1 | 2 | 1 | expect_column_values_to_be_between(reward) ×1 |" in text
+    assert "expert contract | 0" not in text  # only batches that quarantined rows are listed

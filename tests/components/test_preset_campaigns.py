@@ -65,4 +65,36 @@ def test_replay_buffer_and_curriculum_run_in_a_campaign(tmp_path):
     assert len(uses) == 8 and set(uses.values()) <= {1, 2}
     rates = campaign.pass_rates()
     assert rates.rounds == {1, 2} and sum(n for _, n in rates.tasks.values()) == 32
-    assert 0 <= metrics[1]["curriculum/mean_pass_rate"] <= 1
+    assert 0 <= metrics[1]["tasks/mean_pass_rate"] <= 1
+
+
+def test_prioritize_orders_train_tasks_by_pass_rates_measured_in_the_store(tmp_path):
+    from components.buffer import ExperienceBuffer
+    from components.storage import open_store
+    from components.tasksets import load_tasks
+
+    cfg = load_config(CONFIG, [*SMALL, "name=second", f"storage.url={(tmp_path / 'store').as_uri()}",
+                               "explorer.task_selector=sequential", "pipelines.tasks=[{op: prioritize, target: 0.0}]"])
+    train = load_tasks(cfg.taskset, cfg.seed, cfg.contracts).train
+    # what an earlier campaign in this store measured (reward sum, attempts) for three of its tasks
+    measured = {train[5].task_id: [4.0, 4], train[9].task_id: [0.0, 8], train[20].task_id: [2.0, 4]}
+    ExperienceBuffer(open_store(cfg.storage.url), "first").write_state("pass_rates", {"rounds": [1], "tasks": measured})
+    campaign = Campaign(cfg, tmp_path / "run")
+    campaign.prepare()
+    order = [t.task_id for t in campaign.train_tasks]
+    # hardest first: 0/8, then every unmeasured task (shrunk to the mean, 6/16), then 2/4, then 4/4
+    assert order[0] == train[9].task_id and order[-2:] == [train[20].task_id, train[5].task_id]
+    assert sorted(order) == sorted(t.task_id for t in train)  # reordered, nothing lost
+
+
+def test_a_round_past_the_contract_threshold_fails_and_keeps_its_bad_rows(tmp_path):
+    from components.validation import ContractError
+
+    # rewards below 0.5 break this contract: the barely trained policy gets most answers wrong
+    campaign = _started(tmp_path, "name=strict", "algorithm.name=grpo", "contracts.reward_min=0.5")
+    campaign.explore(1)
+    with pytest.raises(ContractError, match=r"round 1 experiences: \d+ of 16 rows .* first: .*between\(reward\)"):
+        campaign.verify(1)
+    bad = campaign.buffer.read_kind("quarantine")
+    assert bad.num_rows > 0.1 * 16 and set(bad.column("reason").to_pylist()) == {"expect_column_values_to_be_between(reward)"}
+    assert bad.num_rows == campaign.validation_log[-1].quarantined  # the report counts the same rows

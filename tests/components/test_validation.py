@@ -31,5 +31,5 @@ def test_bad_rows_are_quarantined_with_their_reasons_and_nothing_is_lost():
     assert "between(reward)" in reasons["e2"]
     assert "token_lengths_consistent" in reasons["e3"] and "token_lengths_consistent" in reasons["e7"]
     assert "in_set(source)" in reasons["e4"]
-    assert "between(task_id_length)" in reasons["e5"]  # null counts as length 0
+    assert "sum_to_equal(task_id_present)" in reasons["e5"]  # null counts as length 0
     assert "between(model_version)" in reasons["e6"]

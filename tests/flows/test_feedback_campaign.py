@@ -11,12 +11,12 @@ from components.config import load_config
 from flows.cli import app
 
 CONFIG = Path(__file__).parents[2] / "configs" / "arith-mix.yaml"
-SETTINGS = ["name=fb", "taskset.size=300", "taskset.eval_size=10", "trainer.micro_batch_size=16",
+SETTINGS = ["name=fb", "rounds=2", "trainer.warmup_steps=3", "taskset.size=300", "taskset.eval_size=10", "trainer.micro_batch_size=16",
             "explorer.tasks_per_round=4", "explorer.repeat_times=4", "algorithm.expert_per_round=64",
             "pipelines.experiences=[{op: shape_reward, scale: 2, add: -1}, {op: dedupe}]"]
 
 
-def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(tmp_path):
+def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefect_api, tmp_path):
     feedback = tmp_path / "feedback.jsonl"
     rows = [{"prompt": f"{a} + {a} =", "response": str(2 * a), "rating": 1.0} for a in range(10)]
     rows += [{"prompt": "9 + 9 =", "response": "17", "correction": "18"}, {"prompt": "", "response": "1", "rating": 1}]
@@ -35,17 +35,25 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(tmp_pa
     cells = [[c.strip() for c in line.split("│")[1:5]] for line in ls.output.splitlines()]
     assert ls.exit_code == 0 and ["human", "0", "human", "10"] in cells, ls.output
 
+    from mlflow import MlflowClient
+
+    from flows.campaign import rft_campaign
+
     cfg = load_config(CONFIG, SETTINGS)
-    campaign = Campaign(cfg, tmp_path / "run")
-    campaign.prepare()
+    summary = rft_campaign(cfg.model_dump(mode="json"), str(tmp_path / "run"))  # the real flow
+    campaign = Campaign(cfg, tmp_path / "run")  # reopens the run's store
     expert = campaign.buffer.read_expert(cfg.algorithm.human_min_reward)
     assert expert.column("source").to_pylist().count("human") == 10
-    for r in (1, 2):
-        metrics = campaign.run_round(r)
-        assert metrics["train/steps"] >= 1 and "pipeline/dropped" in metrics
+    history = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history
+    human = history(summary["mlflow_run_id"], "sample/human_rows")
+    assert len(human) == 2 and sum(m.value for m in human) > 0  # the rated rows were trained on
+    assert len(history(summary["mlflow_run_id"], "pipeline/dropped")) == 2
     usual = campaign.buffer.read_kind("usual")
+    assert usual.num_rows > 0
     for shaped, per_fn in zip(usual.column("reward").to_pylist(), usual.column("rewards").to_pylist()):
         assert shaped == 2 * dict(per_fn)["unshaped"] - 1  # shape_reward: scale 2, add −1
+    # pass rates are measured on unshaped rewards (shaping maps 0..1 to −1..1)
+    assert all(0 <= total / n <= 1 for total, n in campaign.pass_rates().tasks.values())
     # a second ingest of the same file stores nothing new
     again = CliRunner().invoke(app, args, terminal_width=200)
     assert again.exit_code == 0 and campaign.buffer.read_kind("human").num_rows == 10
