@@ -8,7 +8,8 @@ Object layout under ``<campaign>/`` (every Parquet shard committed with a marker
     experiences/expert/[ingest=<hash>/]part-*.parquet demonstrations: gold answers, ingested ones
     experiences/human/ingest=<hash>/part-*.parquet rated responses (human feedback)
     quarantine/round=NNNNNN/part-*.parquet        rows that broke the contract, with ``reason``
-    quarantine/{tasks,ingest=<hash>}/part-*.parquet  bad task rows, bad ingested rows
+    quarantine/{tasks,tasks-pipeline,ingest=<hash>}/  bad task rows, bad ingested rows
+    quarantine/failed/round=NNNNNN/part-*.parquet the bad rows of a round that failed its contract
     checkpoints/vNNNNNN/                          safetensors + config + tokenizer
     state/<name>.json                             what resume needs: the FIFO cursor, replay use
                                                   counts, measured pass rates
@@ -35,8 +36,10 @@ from components.storage import ObjectStore
 Commit = Callable[[], None]
 
 # What ``rftflow buffer`` can read: kind → key prefix under the campaign.
+# ``quarantine`` is every rejected row except those of rounds that failed (above the bad-row threshold),
+# which are ``failed``: such a round may run again and quarantine the same rows under its own round.
 KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"), "human": ("experiences", "human"),
-         "quarantine": ("quarantine",), "tasks": ("tasksets",)}
+         "quarantine": ("quarantine",), "failed": ("quarantine", "failed"), "tasks": ("tasksets",)}
 
 
 def campaigns_in(store: ObjectStore) -> list[str]:
@@ -153,15 +156,17 @@ class ExperienceBuffer:
         if kind not in KINDS:
             raise KeyError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
         parts = [*KINDS[kind], *([round_dir(round_no)] if round_no is not None else [])]
-        try:
-            return read_committed(self.store, self.key(*parts))
-        except KeyError:
+        failed = self.key(*KINDS["failed"]) + "/"
+        keys = [k for k in committed_shards(self.store, self.key(*parts))
+                if kind != "quarantine" or not k.startswith(failed)]
+        if not keys:
             return pa.table({})
+        return pa.concat_tables([read_shard(self.store, k) for k in keys], promote_options="default")
 
     def counts(self) -> list[dict[str, Any]]:
         """Rows per (kind, round, source) for experiences and quarantine, per split for tasks."""
         out = []
-        for kind in ("usual", "expert", "human", "quarantine"):
+        for kind in ("usual", "expert", "human", "quarantine", "failed"):
             table = self.read_kind(kind)
             if not table.num_rows:
                 continue

@@ -156,7 +156,7 @@ class Campaign:
         self._record("experience contract", round_no, scored.num_rows, verdict.quarantined)
         try:
             enforce(verdict, contracts.max_bad_fraction, f"round {round_no} experiences")
-        except ContractError:  # the stage fails; its bad rows stay where `buffer show --kind quarantine` finds them
+        except ContractError:  # the stage fails; its bad rows stay where `buffer show --kind failed` finds them
             self.buffer.write_quarantine(f"failed/{round_dir(round_no)}", verdict.quarantined)
             raise
         accepted, rejected = verdict.accepted, verdict.quarantined

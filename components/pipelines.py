@@ -183,7 +183,8 @@ def shape_reward(table: pa.Table, add: float = 0.0, scale: float = 1.0,
         if v is not None and clip is not None and v == v:
             v = min(max(v, clip[0]), clip[1])
         shaped.append(v)
-    per_fn = [list((m or [])) + [("unshaped", r)] if r is not None else m
+    # a second shaping keeps the first original: "unshaped" is the verifier's reward
+    per_fn = [m if r is None or any(k == "unshaped" for k, _ in m or []) else [*(m or []), ("unshaped", r)]
               for m, r in zip(table.column("rewards").to_pylist(), rewards)]
     table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(shaped, pa.float64()))
     return table.set_column(table.schema.get_field_index("rewards"), "rewards",

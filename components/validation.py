@@ -9,7 +9,7 @@ token counts, and flag columns for the per-row rules GX has no expectation for, 
 
 - ``explorer`` experiences: ids, campaign, prompt non-null and non-empty; response non-null;
   source ``explorer``; round ≥ 0; reward finite and within bounds; 1 ≤ token lengths ≤ bounds;
-  no null token id or mask value, no non-finite log-prob; log-probs present and, like the mask,
+  no null or negative token id, mask values 0 or 1, no non-finite log-prob; log-probs present and, like the mask,
   as long as the response; weight version in [0, current] (not from the future); every group
   has ``repeat_times`` rows; no experience id repeated (later copies are the bad ones).
 - ``expert`` demonstrations and ``human`` feedback: the same, with source ``expert``/``human``,
@@ -122,7 +122,7 @@ IDS = ("experience_id", "campaign", "task_id", "group_id")
 def _flags(kind: str) -> tuple[str, ...]:
     """The per-row flag columns of an experience contract: each must be true."""
     flags = (*(f"{c}_present" for c in IDS), "round_valid", "reward_is_finite", "token_lengths_consistent",
-             "tokens_complete", "experience_id_is_first")
+             "tokens_complete", "token_values_valid", "experience_id_is_first")
     return (*flags, "has_logprobs") if kind == "explorer" else flags
 
 
@@ -131,11 +131,17 @@ def _not_finite(values: pa.Array) -> pa.Array:
 
 
 def _any_element(column: pa.ChunkedArray, bad) -> np.ndarray:
-    """Per row of a list column: whether ``bad(elements)`` holds for any element (a null list: no)."""
+    """Per row of a list column: whether ``bad(elements)`` holds for any element (a null list: no).
+    Elements are read row by row through the offsets, so values hidden under a null list (Arrow
+    allows them) are never looked at."""
     lists = column.combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
     hit = np.zeros(len(lists), dtype=bool)
-    flagged = pc.list_parent_indices(lists).filter(bad(pc.list_flatten(lists)))
-    hit[flagged.to_numpy()] = True
+    if lengths.sum():
+        parents = np.repeat(np.arange(len(lists)), lengths)
+        elements = pc.list_flatten(lists)  # skips null lists, so it lines up with ``parents``
+        flagged = np.asarray(pc.fill_null(bad(elements), False).to_numpy(zero_copy_only=False), dtype=bool)
+        hit[parents[flagged]] = True
     return hit
 
 
@@ -165,12 +171,16 @@ def _experience_frame(table: pa.Table):
                               | _any_element(table.column("response_ids"), pc.is_null)
                               | _any_element(table.column("response_mask"), pc.is_null)
                               | _any_element(table.column("response_logprobs"), _not_finite))
+    df["token_values_valid"] = ~(_any_element(table.column("prompt_ids"), lambda v: pc.less(v, 0))
+                                 | _any_element(table.column("response_ids"), lambda v: pc.less(v, 0))
+                                 | _any_element(table.column("response_mask"),
+                                                lambda v: pc.invert(pc.is_in(v, pa.array([0, 1], v.type)))))
     group_ids, experience_ids = table.column("group_id").to_pylist(), table.column("experience_id").to_pylist()
     sizes = Counter(group_ids)
     df["group_size"] = [sizes[g] for g in group_ids]
     seen: set = set()
     df["experience_id_is_first"] = [not (e in seen or seen.add(e)) for e in experience_ids]
-    df["model_version"] = pc.fill_null(table.column("model_version"), -1).to_numpy().astype("float64")
+    df["model_version"] = pc.fill_null(table.column("model_version"), -1).to_numpy()
     return df
 
 
@@ -202,7 +212,12 @@ def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds())
         if r.success:
             continue
         kwargs, expectation = r.expectation_config.kwargs, r.expectation_config.type
-        for index in r.result.get("unexpected_index_list") or []:
+        indices = r.result.get("unexpected_index_list")
+        if indices is None:  # the expectation could not run: no row can be called good or bad
+            info = r.exception_info or {}
+            raise RuntimeError(f"{kind} contract: {expectation}({kwargs.get('column') or kwargs.get('column_list')}) "
+                               f"did not run: {info.get('exception_message') or info}")
+        for index in indices:
             if "column_list" in kwargs:  # the flags: name those that are false on this row
                 labels = [f"{expectation}({flag})" for flag in kwargs["column_list"] if not frame.at[index, flag]]
             elif kwargs["column"] == "parse_error":

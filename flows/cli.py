@@ -66,8 +66,8 @@ buffer_app = typer.Typer(no_args_is_help=True, help="Inspect what a campaign sto
 app.add_typer(buffer_app, name="buffer")
 StoreArg = Annotated[str, typer.Argument(help="A run dir, or a store URL (file:///…, s3://bucket/prefix).")]
 CampaignOpt = Annotated[Optional[str], typer.Option("--campaign", help="Campaign name (default: the only one).")]
-KindOpt = Annotated[str, typer.Option("--kind", help="usual, expert, quarantine or tasks.")]
-RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only this round (usual, quarantine).")]
+KindOpt = Annotated[str, typer.Option("--kind", help="usual, expert, human, quarantine, failed (bad rows of a round over the threshold) or tasks.")]
+RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only this round (usual, quarantine, failed).")]
 
 
 def _open_buffer(location: str, campaign: str | None):

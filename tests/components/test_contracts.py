@@ -37,7 +37,8 @@ def test_explorer_contract_corpus():
             _row(16, response=None), _row(17, reward=None), _row(18, source=None), _row(19, campaign=None),
             _row(20, round=None), _row(21, prompt_ids=[1, None, 3]), _row(22, response_ids=[4, None]),
             _row(23, response_logprobs=[-0.1, math.nan]), _row(24, response_mask=[1, None]),
-            _row(25, group_id="pair"), _row(26, response="")]
+            _row(25, group_id="pair"), _row(26, response=""), _row(27, prompt_ids=[1, -2, 3]),
+            _row(28, response_mask=[1, 2])]
     verdict = check(to_table(rows), "explorer", bounds)
     assert verdict.counts["rows"] == len(rows) == verdict.counts["accepted"] + verdict.counts["quarantined"]
     assert verdict.accepted.column("experience_id").to_pylist() == ["e0", "e26"]  # an empty response may be fine
@@ -54,11 +55,33 @@ def test_explorer_contract_corpus():
               "e18": "in_set(source)", "e19": "sum_to_equal(campaign_present)", "e20": "sum_to_equal(round_valid)",
               "e21": "sum_to_equal(tokens_complete)", "e22": "sum_to_equal(tokens_complete)",
               "e23": "sum_to_equal(tokens_complete)", "e24": "sum_to_equal(tokens_complete)",
-              "e25": "in_set(group_size)"}
+              "e25": "in_set(group_size)", "e27": "sum_to_equal(token_values_valid)",
+              "e28": "sum_to_equal(token_values_valid)"}
     for eid, label in expect.items():
         assert any(label in r for r in by_id[eid]), (eid, by_id[eid])
     assert any("sum_to_equal(experience_id_is_first)" in r for r in by_id["e0"])  # the second e0 is the duplicate
     assert by_id["e1"] == ["expect_multicolumn_sum_to_equal(reward_is_finite)"]  # only the false flag is named
+
+
+def test_values_hidden_under_a_null_list_are_not_read():
+    # Arrow lets a null list cover values; only the rows' own elements count
+    table = to_table([_row(0), _row(1), _row(2)])
+    ids = table.column("prompt_ids").combine_chunks()
+    hidden = pa.ListArray.from_arrays(pa.array([0, 3, 6, 9], pa.int32()), pa.array([1, 2, 3, None, -1, None, 1, 2, 3],
+                                                                                   ids.type.value_type),
+                                      mask=pa.array([False, True, False]))
+    verdict = check(table.set_column(table.schema.get_field_index("prompt_ids"), "prompt_ids", hidden), "explorer")
+    assert verdict.accepted.column("experience_id").to_pylist() == ["e0", "e2"]
+    assert verdict.quarantined.column("reason").to_pylist() == ["expect_column_values_to_be_between(prompt_tokens)"]
+
+
+def test_an_expectation_that_cannot_run_fails_the_check_instead_of_passing_rows(monkeypatch):
+    import components.validation as validation
+
+    real = validation._experience_frame
+    monkeypatch.setattr(validation, "_experience_frame", lambda table: real(table).drop(columns=["reward"]))
+    with pytest.raises(RuntimeError, match=r"explorer contract: expect_column_values_to_be_between\(reward\) did not run"):
+        check(to_table([_row(0)]), "explorer")
 
 
 def test_expert_and_human_contracts_differ_from_the_explorer_one():

@@ -55,6 +55,9 @@ def test_experience_pipeline_shapes_filters_and_dedupes():
     assert result.kept.column("experience_id").to_pylist() == ["e0", "e1"]
     assert result.kept.column("reward").to_pylist() == [0.5, -1.0]  # 2·1 − 1 = 1 clipped to 0.5; 2·0 − 1
     assert dict(result.kept.column("rewards")[0].as_py())["unshaped"] == 1.0
+    twice = run_pipeline("experiences", result.kept, [{"op": "shape_reward", "scale": 2.0}])
+    assert [k for k, _ in twice.kept.column("rewards")[0].as_py()].count("unshaped") == 1
+    assert dict(twice.kept.column("rewards")[0].as_py())["unshaped"] == 1.0  # still the verifier's reward
     assert result.counts == {"0:shape_reward": 0, "1:dedupe": 2, "2:length_filter": 1, "3:drop_zero_variance": 3}
 
 

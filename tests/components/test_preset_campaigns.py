@@ -95,6 +95,16 @@ def test_a_round_past_the_contract_threshold_fails_and_keeps_its_bad_rows(tmp_pa
     campaign.explore(1)
     with pytest.raises(ContractError, match=r"round 1 experiences: \d+ of 16 rows .* first: .*between\(reward\)"):
         campaign.verify(1)
-    bad = campaign.buffer.read_kind("quarantine")
+    bad = campaign.buffer.read_kind("failed", 1)
     assert bad.num_rows > 0.1 * 16 and set(bad.column("reason").to_pylist()) == {"expect_column_values_to_be_between(reward)"}
     assert bad.num_rows == campaign.validation_log[-1].quarantined  # the report counts the same rows
+    assert campaign.buffer.read_kind("quarantine").num_rows == 0  # a failed round's rows are apart
+    # the round runs again under a looser threshold: its rows are quarantined once, under the round
+    loose = campaign.cfg.contracts.model_copy(update={"max_bad_fraction": 1.0})
+    campaign.cfg = campaign.cfg.model_copy(update={"contracts": loose})
+    campaign.verify(1)
+    campaign.store_round(1)
+    again = campaign.buffer.read_kind("quarantine", 1)
+    assert sorted(again.column("experience_id").to_pylist()) == sorted(bad.column("experience_id").to_pylist())
+    counts = {c["kind"]: c["rows"] for c in campaign.buffer.counts() if c["round"] == 1 and c["kind"] != "usual"}
+    assert counts == {"quarantine": bad.num_rows, "failed": bad.num_rows}

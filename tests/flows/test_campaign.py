@@ -126,7 +126,7 @@ def test_buffer_cli_lists_shows_and_exports_what_the_campaign_stored(finished, t
     assert runner.invoke(app, ["buffer", "export", str(run_dir), "--kind", "expert", "--out", str(parquet)]).exit_code == 0
     assert set(pq.read_table(parquet).column("source").to_pylist()) == {"expert"}
     bad = runner.invoke(app, ["buffer", "show", str(run_dir), "--kind", "nope"])
-    assert bad.exit_code == 2 and "unknown kind 'nope'; known: usual, expert, human, quarantine, tasks" in bad.stderr
+    assert bad.exit_code == 2 and "unknown kind 'nope'; known: usual, expert, human, quarantine, failed, tasks" in bad.stderr
 
 
 def test_validation_report_is_written_logged_and_linked(finished):
