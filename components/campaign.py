@@ -221,7 +221,10 @@ class Campaign:
                 metrics["sample/pairs"] = float(pairs)
             parts.append(usual)
         if algo.uses_expert:
-            parts.append(self.buffer.sample_expert(algo.expert_per_round, self.rng, algo.human_min_reward))
+            n_expert = algo.expert_per_round
+            if algo.expert_ratio is not None and parts:  # a share of the batch, set by the explorer rows taken
+                n_expert = round(parts[0].num_rows * algo.expert_ratio / (1 - algo.expert_ratio))
+            parts.append(self.buffer.sample_expert(n_expert, self.rng, algo.human_min_reward))
         batch = pa.concat_tables(parts)
         sources = Counter(batch.column("source").to_pylist())
         metrics |= {"sample/expert_rows": sources["expert"], "sample/human_rows": sources["human"]}

@@ -119,7 +119,8 @@ class AlgorithmConfig(_Section):
     )
     advantage: str | None = Field(None, description="Registered advantage function (overrides the preset's).")
     advantage_options: dict[str, Any] | None = Field(
-        None, description="Keyword options of the advantage function, e.g. {std_normalize: false}."
+        None, description="Keyword options of the advantage function, e.g. {std_normalize: false}; merged over "
+        "the preset's options (kept only while the advantage is the preset's).",
     )
     loss: str | None = Field(None, description="Registered policy loss: `ppo_clip`, `sft`, `mix` or your own.")
     mu: float = Field(0.1, ge=0, le=1, description="MIX: weight of the SFT term on expert rows.")
@@ -132,7 +133,10 @@ class AlgorithmConfig(_Section):
         None, description="Importance ratio per token (PPO) or per sequence, exp(mean log-ratio) (GSPO)."
     )
     agg: AggMode | None = Field(None, description="Loss aggregation (see components.algorithms.aggregation).")
-    tau: float | None = Field(None, gt=0, description="OPMD loss: regularisation τ (the update shrinks by 1/(1 + τ)).")
+    tau: float | None = Field(
+        None, gt=0, description="OPMD loss: regularisation τ (the update shrinks by 1/(1 + τ)). The opmd "
+        "advantage's soft-max temperature is separate, `advantage_options.tau` (default 1), as in Trinity-RFT.",
+    )
     dynamic_sampling: bool | None = Field(
         None, description="DAPO dynamic sampling: drop groups whose rewards are all equal (they carry no signal) "
         "and explore more tasks until `explorer.tasks_per_round` groups with signal are found "
@@ -167,6 +171,11 @@ class AlgorithmConfig(_Section):
         0, ge=0, description="Expert rows (gold demonstrations, ingested demonstrations and corrections, well-rated "
         "human feedback) sampled into each round's training data."
     )
+    expert_ratio: float | None = Field(
+        None, ge=0, lt=1, description="MIX sample strategy (Trinity-RFT `expert_data_ratio`): expert rows make up "
+        "this fraction of the round's training rows, ratio/(1 − ratio) per explorer row, and of every micro-batch "
+        "(±1 row). None: `expert_per_round` rows, shuffled in with the rest.",
+    )
     human_min_reward: float | None = Field(
         1.0, description="Human-rated responses (`rftflow ingest feedback`) with at least this rating are sampled "
         "as demonstrations with the expert rows; None leaves them out.",
@@ -175,9 +184,11 @@ class AlgorithmConfig(_Section):
     def setting(self, key: str) -> Any:
         """The effective value of ``key``: set in config, else the preset's, else the common default."""
         own = getattr(self, key) if key in type(self).model_fields else None
-        if own is not None:
-            return own
-        return ALGORITHM_PRESETS[self.name].get(key, _PRESET_DEFAULTS.get(key))
+        preset = ALGORITHM_PRESETS[self.name].get(key, _PRESET_DEFAULTS.get(key))
+        if key == "advantage_options":  # merged over the preset's, which apply to the preset's advantage only
+            same = self.setting("advantage") == ALGORITHM_PRESETS[self.name].get("advantage")
+            return {**(preset if same else {}), **(own or {})}
+        return own if own is not None else preset
 
     @property
     def uses_explorer(self) -> bool:

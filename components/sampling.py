@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -38,7 +40,8 @@ def first_groups(table: pa.Table, n: int) -> pa.Table:
 def preference_pairs(table: pa.Table) -> tuple[pa.Table, int]:
     """Online-DPO pairs from each group: the i-th best response against the i-th worst, for
     i < ⌊G/2⌋ while the best one's reward is strictly higher. Rows come out as consecutive
-    (chosen, rejected) pairs. Returns (paired rows, number of pairs)."""
+    (chosen, rejected) pairs. Returns (paired rows, number of pairs). Best-vs-worst pairing of
+    sampled responses as in online DPO (Guo et al. 2024, arXiv:2402.04792)."""
     order: list[int] = []
     rewards = table.column("reward").to_pylist()
     by_group: dict[str, list[int]] = {}
@@ -55,7 +58,26 @@ def preference_pairs(table: pa.Table) -> tuple[pa.Table, int]:
 
 
 def drop_stale(table: pa.Table, current_version: int, max_staleness: int) -> tuple[pa.Table, int]:
-    """Keep rows whose ``model_version`` ≥ current_version − max_staleness. Returns (kept, dropped)."""
+    """Keep rows whose ``model_version`` ≥ current_version − max_staleness. Returns (kept, dropped).
+    The staleness bound η of asynchronous RL (AReaL, Fu et al. 2025, arXiv:2505.24298)."""
     keep = pc.greater_equal(table.column("model_version"), current_version - max_staleness)
     kept = table.filter(keep)
     return kept, table.num_rows - kept.num_rows
+
+
+def stratified_order(is_expert: list[bool], per_step: int, rng: random.Random) -> list[int]:
+    """A shuffled order of row indices in which every run of ``per_step`` rows holds the batch's
+    share of expert rows, ±1 (Trinity-RFT's ``mix`` sample strategy): run k ending at row e gets
+    round(n_expert · e / n) expert rows in all so far, each kind shuffled on its own."""
+    expert = [i for i, x in enumerate(is_expert) if x]
+    usual = [i for i, x in enumerate(is_expert) if not x]
+    rng.shuffle(expert)
+    rng.shuffle(usual)
+    order: list[int] = []
+    taken = 0
+    for end in range(per_step, len(is_expert) + per_step, per_step):
+        end = min(end, len(is_expert))
+        want = round(len(expert) * end / len(is_expert)) - taken
+        order += expert[taken:taken + want] + usual[len(order) - taken:end - taken - want]
+        taken += want
+    return order

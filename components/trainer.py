@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 from components.algorithms import LossInputs, entropy_from_logprobs, get_advantage, get_loss, kl_penalty, regularized
 from components.config import AlgorithmConfig, TrainerConfig
 from components.critic import Critic
+from components.sampling import stratified_order
 
 Row = Mapping[str, Any]
 
@@ -231,10 +232,14 @@ class Trainer:
         unit = 2 if self.pairwise else 1
         per_step = max(unit, self.cfg.micro_batch_size // unit * unit)
         start, sums, tokens, n_steps = time.perf_counter(), defaultdict(float), 0, 0
+        stratify = self.algorithm.expert_ratio is not None and not self.pairwise
         for _ in range(self.cfg.epochs):
-            units = list(range(0, len(rows), unit))
-            self.rng.shuffle(units)
-            order = [i + k for i in units for k in range(unit)]
+            if stratify:  # every micro-batch holds the round's expert share
+                order = stratified_order([r["source"] != "explorer" for r in rows], per_step, self.rng)
+            else:
+                units = list(range(0, len(rows), unit))
+                self.rng.shuffle(units)
+                order = [i + k for i in units for k in range(unit)]
             for s in range(0, len(order), per_step):
                 idx = order[s:s + per_step]
                 chunk = [rows[i] for i in idx]

@@ -98,8 +98,9 @@ def opmd_advantages(rewards: torch.Tensor, group_ids: Sequence, *, tau: float = 
     rewards = rewards.to(torch.float32)  # (B,)
     index, n_groups = _group_index(group_ids)
     count, _ = _group_stats(rewards, index, n_groups)
-    shift = rewards.max()  # stabilises exp
-    summed = torch.zeros(n_groups).index_add_(0, index, torch.exp((rewards - shift) / tau))  # (G,)
+    # each group's own max keeps every exp in (0, 1] with one term = 1: no underflow to log 0
+    shift = torch.full((n_groups,), -torch.inf).scatter_reduce(0, index, rewards, "amax")  # (G,)
+    summed = torch.zeros(n_groups).index_add_(0, index, torch.exp((rewards - shift[index]) / tau))  # (G,)
     baseline = shift + tau * torch.log(summed / count)  # (G,)
     return rewards - baseline[index]
 

@@ -22,7 +22,8 @@ AGG_MODES: tuple[str, ...] = AggMode.__args__  # type: ignore[attr-defined]
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean") -> torch.Tensor:
     """Reduce per-token ``loss`` (B, T) under ``mask`` (B, T) to a scalar with mode ``agg``.
 
-    Rows whose mask is all zero contribute zero (never NaN); an empty batch gives 0.
+    The formulas of the four modes are in the module docstring (veRL ``agg_loss``). Rows whose
+    mask is all zero contribute zero (never NaN); an empty batch gives 0.
     """
     mask = mask.to(loss.dtype)  # (B, T)
     masked = loss * mask  # (B, T)

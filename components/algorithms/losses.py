@@ -71,7 +71,8 @@ def ppo_clip_loss(
 
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, *, agg: str = "token-mean") -> torch.Tensor:
-    """Supervised negative log-likelihood of the response tokens: l = −logprobs, aggregated."""
+    """Supervised negative log-likelihood of the response tokens: l = −logprobs, aggregated
+    (Trinity-RFT ``sft`` loss; TRL ``SFTTrainer`` completion-only loss)."""
     return aggregate(-logprobs, mask, agg)
 
 
@@ -150,17 +151,19 @@ def mix_loss(
     mu: float = 0.1,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    ratio_level: str = "token",
     agg: str = "token-mean",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """MIX (Trinity-RFT ``mix`` algorithm): GRPO on explorer rows + SFT on expert rows.
 
     loss = (1 − mu) · PPO-clip(usual rows) + mu · SFT(expert rows); a term whose rows are absent
-    is 0. ``is_expert``: (B,) bool.
+    is 0. ``is_expert``: (B,) bool. The PPO-clip options are ``ppo_clip_loss``'s.
     """
     usual = ~is_expert  # (B,)
     policy, metrics = ppo_clip_loss(
         logprobs[usual], old_logprobs[usual], _per_token(advantages, logprobs)[usual], mask[usual],
-        clip_low=clip_low, clip_high=clip_high, agg=agg,
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, ratio_level=ratio_level, agg=agg,
     )
     sft = sft_loss(logprobs[is_expert], mask[is_expert], agg=agg)
     loss = (1.0 - mu) * policy + mu * sft
@@ -168,12 +171,14 @@ def mix_loss(
 
 
 def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
-    """Per-token entropy H = −Σ_v p_v log p_v from full log-probabilities (B, T, V) → (B, T)."""
+    """Per-token entropy H = −Σ_v p_v log p_v from full log-probabilities (B, T, V) → (B, T)
+    (Shannon entropy; the bonus term of veRL's ``entropy_coeff``)."""
     return -(logp.exp() * logp).sum(-1)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-token entropy of logits (B, T, V) → (B, T)."""
+    """Per-token entropy of logits (B, T, V) → (B, T): H = −Σ_v softmax(z)_v log softmax(z)_v
+    (veRL ``entropy_from_logits``)."""
     return entropy_from_logprobs(torch.log_softmax(logits.float(), dim=-1))
 
 
@@ -238,7 +243,8 @@ def _sft(x: LossInputs, *, agg: str = "token-mean", **_) -> tuple[torch.Tensor, 
 
 
 @register_loss("mix")
-def _mix(x: LossInputs, *, mu: float = 0.1, clip_low: float = 0.2, clip_high: float = 0.2, agg: str = "token-mean",
+def _mix(x: LossInputs, *, mu: float = 0.1, clip_low: float = 0.2, clip_high: float = 0.2,
+         dual_clip: float | None = None, ratio_level: str = "token", agg: str = "token-mean",
          **_) -> tuple[torch.Tensor, dict[str, float]]:
     return mix_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, x.is_expert, mu=mu, clip_low=clip_low,
-                    clip_high=clip_high, agg=agg)
+                    clip_high=clip_high, dual_clip=dual_clip, ratio_level=ratio_level, agg=agg)

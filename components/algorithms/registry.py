@@ -12,6 +12,7 @@ or by an entry point in their package (groups ``rftflow.advantages`` / ``rftflow
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
@@ -75,13 +76,29 @@ def known(kind: str) -> list[str]:
 
 
 def check_algorithm(algorithm) -> None:
-    """Fail fast (``ConfigError``) if the config names an advantage or loss nobody registered."""
+    """Fail fast (``ConfigError``) before any work: an advantage or loss nobody registered, an
+    advantage option its function does not take, a pairwise loss mixed with expert rows."""
     from components.config import ConfigError
 
+    found = {}
     for kind, key in (("advantages", "advantage"), ("losses", "loss")):
         name = algorithm.setting(key)
         if name is not None:
             try:
-                _lookup(kind, name)
+                found[key] = _lookup(kind, name)
             except KeyError as e:
                 raise ConfigError(f"config key 'algorithm.{key}': {e.args[0]}") from None
+    options = algorithm.setting("advantage_options")
+    if "advantage" in found and options:
+        params = list(inspect.signature(found["advantage"]).parameters.values())
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            data = 3 if getattr(found["advantage"], "needs_critic", False) else 2  # the tensors it is called with
+            unknown = sorted(set(options) - {p.name for p in params[data:]})
+            if unknown:
+                raise ConfigError(f"config key 'algorithm.advantage_options': {algorithm.setting('advantage')!r} "
+                                  f"takes no option(s) {', '.join(unknown)}; it takes: "
+                                  f"{', '.join(p.name for p in params[data:]) or 'none'}")
+    if getattr(found.get("loss"), "pairwise", False) and algorithm.uses_expert:
+        raise ConfigError(f"config key 'algorithm.loss': {algorithm.setting('loss')!r} trains on (chosen, rejected) "
+                          f"pairs and cannot take the expert rows preset {algorithm.name!r} adds; pick a preset "
+                          "without them (e.g. dpo)")

@@ -41,6 +41,8 @@ def test_opmd_uses_the_groups_soft_max_as_baseline():
     # equal rewards → 0; huge rewards stay finite
     assert_close(opmd_advantages(torch.tensor([3.0, 3.0]), [0, 0]), torch.zeros(2))
     assert torch.isfinite(opmd_advantages(torch.tensor([1e4, -1e4]), [0, 0], tau=0.1)).all()
+    # a group far below the batch's best reward: its baseline is its own (no exp underflow to log 0)
+    assert_close(opmd_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), ["a", "a", "b", "b"], tau=0.005), torch.zeros(4))
 
 
 def test_gae_by_hand():

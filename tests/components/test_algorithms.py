@@ -107,6 +107,20 @@ def test_mix_loss_weights_policy_and_sft_terms():
                              torch.tensor([False, True]), mu=0.1)
     assert_close(loss, torch.tensor(0.9 * -1.0 + 0.1 * 2.0))
     assert metrics["loss/policy"] == pytest.approx(-1.0) and metrics["loss/sft"] == pytest.approx(2.0)
+    # its PPO term takes the PPO options too: a sequence-level ratio (GSPO) on the usual row
+    logprobs = torch.log(torch.tensor([[1.5, 0.5], [0.5, 0.5]]))
+    seq, _ = mix_loss(logprobs, torch.zeros(2, 2), torch.tensor([1.0, 0.0]), torch.ones(2, 2),
+                      torch.tensor([False, True]), mu=0.1, ratio_level="sequence", agg="seq-mean-token-mean")
+    assert_close(seq, torch.tensor(0.9 * -math.sqrt(0.75) + 0.1 * -math.log(0.5)))
+
+
+def test_sequence_ratio_and_mix_stay_finite_at_extreme_log_ratios():
+    logprobs = torch.tensor([[0.0, -300.0], [-300.0, 0.0]], requires_grad=True)
+    old, advantages, mask = torch.tensor([[-300.0, 0.0], [0.0, -300.0]]), torch.tensor([-1.0, 1.0]), torch.ones(2, 2)
+    for loss, _ in (ppo_clip_loss(logprobs, old, advantages, mask, ratio_level="sequence"),
+                    mix_loss(logprobs, old, advantages, mask, torch.tensor([False, True]), dual_clip=3.0)):
+        (grad,) = torch.autograd.grad(loss, logprobs)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
 
 
 def test_registry_finds_registered_functions_and_lists_known_names():

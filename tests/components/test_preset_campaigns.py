@@ -55,6 +55,14 @@ def test_kl_entropy_and_staleness_options_run_in_a_campaign(tmp_path):
     assert metrics["kl/low_var_kl"] >= 0 and metrics["policy/entropy"] > 0
 
 
+def test_mix_expert_ratio_sets_the_expert_share_of_the_round(tmp_path):
+    campaign = _started(tmp_path, "name=ratio", "algorithm.name=mix", "algorithm.expert_ratio=0.25")
+    metrics = campaign.run_round(1)
+    # 16 explorer rows taken; 25% expert → 16 · .25/.75 = 5.33 → 5 rows; 21 rows in micro-batches of 16
+    assert metrics["sample/usual_rows"] == 16 and metrics["sample/expert_rows"] == 5
+    assert metrics["train/steps"] == 2
+
+
 def test_replay_buffer_and_curriculum_run_in_a_campaign(tmp_path):
     campaign = _started(tmp_path, "name=cur", "algorithm.name=grpo", "buffer.sampling=replay",
                         "buffer.train_rows=32", "explorer.task_selector=curriculum")

@@ -1,12 +1,14 @@
 """Algorithm presets: chosen by name, every part overridable, unknown names listed."""
 
+import random
+
 import pyarrow as pa
 import pytest
 
 from components.algorithms import check_algorithm
 from components.config import ALGORITHM_PRESETS, AlgorithmConfig, ConfigError, load_config
 from components.sampling import (
-    drop_stale, drop_zero_variance_groups, first_groups, informative_groups, preference_pairs,
+    drop_stale, drop_zero_variance_groups, first_groups, informative_groups, preference_pairs, stratified_order,
 )
 
 
@@ -19,6 +21,24 @@ def test_presets_resolve_and_config_keys_override_them():
     custom = AlgorithmConfig(name="grpo", advantage="rloo", agg="seq-mean-token-mean")
     assert custom.setting("advantage") == "rloo" and custom.loss_options()["agg"] == "seq-mean-token-mean"
     assert not AlgorithmConfig(name="sft").uses_explorer and AlgorithmConfig(name="mix").uses_expert
+
+
+def test_advantage_options_merge_over_the_presets():
+    rpp = AlgorithmConfig(name="reinforce_pp", advantage_options={"eps": 1e-8})
+    assert rpp.setting("advantage_options") == {"baseline": True, "eps": 1e-8}  # the preset's baseline is kept
+    assert AlgorithmConfig(name="dr_grpo", advantage_options={"std_over": "batch"}).setting("advantage_options") == {
+        "std_normalize": False, "std_over": "batch"}
+    # another advantage than the preset's: the preset's options do not apply to it
+    assert AlgorithmConfig(name="reinforce_pp", advantage="grpo").setting("advantage_options") == {}
+
+
+def test_bad_algorithm_combinations_fail_before_any_work():
+    with pytest.raises(ConfigError, match=r"advantage_options.*'grpo' takes no option\(s\) std_normalise; it takes: "
+                                          r"eps, std_normalize, std_over"):
+        check_algorithm(AlgorithmConfig(name="grpo", advantage_options={"std_normalise": False}))
+    check_algorithm(AlgorithmConfig(name="ppo", advantage_options={"lam": 0.9}))  # GAE's options after its tensors
+    with pytest.raises(ConfigError, match=r"algorithm.loss.*'dpo' trains on \(chosen, rejected\) pairs .* 'mix'"):
+        check_algorithm(AlgorithmConfig(name="mix", loss="dpo"))
 
 
 def test_every_preset_names_registered_parts():
@@ -40,6 +60,17 @@ def test_dynamic_sampling_drops_groups_with_equal_rewards():
     kept, dropped = drop_zero_variance_groups(table)
     assert dropped == 2  # a (all 1) and c (a group of one)
     assert kept.column("group_id").to_pylist() == ["b", "b"]
+
+
+def test_stratified_order_gives_every_micro_batch_the_expert_share():
+    is_expert = [i % 4 == 0 for i in range(64)]  # 16 of 64
+    order = stratified_order(is_expert, 16, random.Random(0))
+    assert sorted(order) == list(range(64))  # a permutation: nothing dropped or repeated
+    assert [sum(is_expert[i] for i in order[k:k + 16]) for k in range(0, 64, 16)] == [4, 4, 4, 4]
+    assert order != stratified_order(is_expert, 16, random.Random(1))  # shuffled within each kind
+    uneven = [i < 13 for i in range(50)]  # 13 of 50: cumulative round(13·e/50) at e = 16, 32, 48, 50
+    order = stratified_order(uneven, 16, random.Random(0))
+    assert [sum(uneven[i] for i in order[k:k + 16]) for k in range(0, 50, 16)] == [4, 4, 4, 1]
 
 
 def test_staleness_limit_drops_old_experiences():
