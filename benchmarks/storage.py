@@ -17,6 +17,7 @@ import argparse
 import sys
 import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -69,8 +70,15 @@ def experience_table(rows: int, first: int, rng: np.random.Generator) -> pa.Tabl
 
 
 def run(store, tables: list[pa.Table], workers: int, repeat: int) -> dict[str, float]:
-    """Best of ``repeat`` rounds, each writing all shards under a new prefix and reading them back."""
-    runs = [run_once(store, tables, workers, f"bench/experiences/usual/round={i:06d}") for i in range(repeat)]
+    """Best of ``repeat`` rounds, each writing all shards under a new prefix and reading them back.
+    The prefix is unique to this run (an earlier run's committed shards would make writes no-ops)
+    and deleted afterwards."""
+    top = f"bench-{uuid.uuid4().hex[:12]}"
+    try:
+        runs = [run_once(store, tables, workers, f"{top}/experiences/usual/round={i:06d}") for i in range(repeat)]
+    finally:
+        for key in store.list(f"{top}/"):
+            store.delete(key)
     return {"write_s": min(r["write_s"] for r in runs), "read_s": min(r["read_s"] for r in runs),
             "bytes": runs[0]["bytes"]}
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +32,7 @@ import pyarrow.compute as pc
 
 from components.experience import SCHEMA
 from components.shards import committed_shards, is_committed, read_committed, read_shard, write_shard
-from components.storage import ObjectStore
+from components.storage import ObjectStore, open_store
 
 Commit = Callable[[], None]
 
@@ -40,6 +41,31 @@ Commit = Callable[[], None]
 # which are ``failed``: such a round may run again and quarantine the same rows under its own round.
 KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"), "human": ("experiences", "human"),
          "quarantine": ("quarantine",), "failed": ("quarantine", "failed"), "tasks": ("tasksets",)}
+
+
+STORE_FILE = "store.json"
+_WHERE = ("endpoint_url", "region", "addressing_style")  # how to reach the store; never credentials
+
+
+def open_run_store(storage, run_dir: str | Path) -> ObjectStore:
+    """The store of a run (``storage``: a ``StorageConfig``; default ``file://<run_dir>/store``),
+    recorded in ``<run_dir>/store.json`` (URL, endpoint, region, addressing style) so that
+    ``rftflow buffer RUN_DIR`` finds it, even after a crash."""
+    run_dir = Path(run_dir)
+    url = storage.url or (run_dir / "store").as_uri()
+    options = storage.store_options() if url.startswith("s3://") else {}
+    store = open_store(url, **options)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    where = {"url": store.url, **{k: options[k] for k in _WHERE if options.get(k)}}
+    (run_dir / STORE_FILE).write_text(json.dumps(where, indent=2) + "\n")
+    return store
+
+
+def recorded_store(run_dir: str | Path) -> tuple[str, dict[str, Any]]:
+    """(URL, options) of the store ``open_run_store`` recorded for ``run_dir`` (else its default)."""
+    where = Path(run_dir) / STORE_FILE
+    options = json.loads(where.read_text()) if where.is_file() else {"url": (Path(run_dir) / "store").as_uri()}
+    return options.pop("url"), {k: v for k, v in options.items() if k in _WHERE}
 
 
 def campaigns_in(store: ObjectStore) -> list[str]:

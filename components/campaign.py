@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import torch
 
 from components import explorer
-from components.buffer import ExperienceBuffer, campaigns_in, round_dir
+from components.buffer import ExperienceBuffer, campaigns_in, open_run_store, round_dir
 from components.config import CampaignConfig
 from components.models import load_model
 from components.rewards import make_reward_fn
@@ -26,7 +26,6 @@ from components.rollout import HFRolloutEngine
 from components.sampling import (
     drop_stale, drop_zero_variance_groups, first_groups, informative_groups, preference_pairs,
 )
-from components.storage import open_store
 from components.sync import MemoryWeightSync
 from components.selectors import PassRates, measured_rewards, select_tasks
 from components.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
@@ -41,8 +40,7 @@ class Campaign:
     def __init__(self, cfg: CampaignConfig, run_dir: str | Path):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         torch.manual_seed(cfg.seed)
-        url = cfg.storage.url or (self.run_dir / "store").as_uri()
-        self.store = open_store(url, **(cfg.storage.store_options() if url.startswith("s3://") else {}))
+        self.store = open_run_store(cfg.storage, self.run_dir)
         self.buffer = ExperienceBuffer(self.store, cfg.name)
         self.reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,

@@ -6,8 +6,10 @@ Unknown keys and bad values fail before any work starts, with one line naming th
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -285,16 +287,31 @@ class StorageConfig(_Section):
     addressing_style: Literal["auto", "path", "virtual"] | None = Field(
         None, description="S3 addressing: `path` for most self-hosted servers; default: botocore's choice."
     )
-    checksum: Literal["when_required", "when_supported"] = Field(
-        "when_required", description="S3 request checksums: `when_required` works with older S3-compatible "
-        "servers that reject the checksums boto3 ≥ 1.36 sends by default.",
+    checksum: Literal["when_required", "when_supported"] | None = Field(
+        None, description="S3 request checksums; default: AWS_REQUEST_CHECKSUM_CALCULATION, else `when_required`, "
+        "which works with older S3-compatible servers that reject the checksums boto3 ≥ 1.36 sends by default.",
     )
-    max_attempts: int = Field(5, gt=0, description="S3 attempts per request (retries back off on throttling and 5xx).")
+    max_attempts: int | None = Field(
+        None, gt=0, description="S3 attempts per request (retries back off on throttling and 5xx); default: "
+        "AWS_MAX_ATTEMPTS, else 5.",
+    )
+
+    @field_validator("url", "endpoint_url")
+    @classmethod
+    def _no_credentials(cls, url: str | None) -> str | None:
+        # a URL with user:password@ would reach the flow's stored parameters and botocore's errors
+        if url is not None and "@" in urlsplit(url).netloc:
+            raise ValueError("credentials do not belong in a URL; use the AWS credential chain "
+                             "(AWS_ACCESS_KEY_ID, AWS_PROFILE, ...)")
+        return url
 
     def store_options(self) -> dict[str, Any]:
-        """Keyword options for ``open_store`` (S3 only; credentials come from the AWS chain, never config)."""
+        """Keyword options for ``open_store`` (S3 only; credentials come from the AWS chain, never
+        config). Unset checksum and attempts defer to the AWS environment, then to our defaults."""
+        env = os.environ
         return {"endpoint_url": self.endpoint_url, "region": self.region, "addressing_style": self.addressing_style,
-                "checksum": self.checksum, "max_attempts": self.max_attempts}
+                "checksum": self.checksum or (None if env.get("AWS_REQUEST_CHECKSUM_CALCULATION") else "when_required"),
+                "max_attempts": self.max_attempts or (None if env.get("AWS_MAX_ATTEMPTS") else 5)}
 
 
 class TrackingConfig(_Section):
@@ -359,6 +376,10 @@ def _describe(error: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         return f"unknown config key {key!r}"
     got = first.get("input")
+    if isinstance(got, str) and "@" in got:  # a URL's user:password never reaches a message
+        from components.storage import redact_url
+
+        got = redact_url(got)
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
     return f"config key {key!r}: {first['msg']}{shown}"
 

@@ -3,7 +3,8 @@
 A shard ``<prefix>/part-NNNNN.parquet`` becomes visible only when its marker
 ``<prefix>/_commit/part-NNNNN.json`` (rows, bytes, sha256) exists, and the marker is written after
 the data. So a writer killed mid-shard leaves nothing visible, and re-running the same write is a
-no-op once committed (the keys are deterministic; the marker is put-if-absent).
+no-op once committed (the keys are deterministic; the marker is put-if-absent). Reads check the
+bytes against the marker's sha256, so two writers racing on one shard fail loudly, never mix.
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ def shard_key(prefix: str, part: int = 0) -> str:
 
 def _marker_key(prefix: str, part: int) -> str:
     return f"{prefix}/{COMMIT_DIR}/part-{part:05d}.json"
+
+
+def _marker_of(key: str) -> str:
+    """The commit marker of shard ``key``."""
+    prefix, name = key.rsplit("/", 1)
+    return f"{prefix}/{COMMIT_DIR}/{name.removesuffix('.parquet')}.json"
+
+
+class ShardError(RuntimeError):
+    """A committed shard whose bytes are not the ones its marker describes."""
 
 
 def is_committed(store: ObjectStore, prefix: str, part: int = 0) -> bool:
@@ -51,15 +62,17 @@ def committed_shards(store: ObjectStore, prefix: str) -> list[str]:
     """Keys of the committed shards under ``prefix`` (recursively), sorted."""
     keys = store.list(prefix.rstrip("/") + "/")
     markers = {k for k in keys if f"/{COMMIT_DIR}/" in k}
-    return [
-        k for k in keys
-        if k.endswith(".parquet") and k.rsplit("/", 1)[0] + f"/{COMMIT_DIR}/" + k.rsplit("/", 1)[1][:-8] + ".json"
-        in markers
-    ]
+    return [k for k in keys if k.endswith(".parquet") and _marker_of(k) in markers]
 
 
 def read_shard(store: ObjectStore, key: str) -> pa.Table:
-    return pq.read_table(io.BytesIO(store.get(key)))
+    """Committed shard ``key``, checked against its marker's sha256: two writers racing on one
+    shard (two runs of a campaign at once) could leave one's bytes under the other's marker."""
+    data, meta = store.get(key), json.loads(store.get(_marker_of(key)))
+    if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        raise ShardError(f"shard {key}: its bytes are not the ones its commit marker describes (sha256); "
+                         "two writers wrote it at once: run one campaign per store prefix at a time")
+    return pq.read_table(io.BytesIO(data))
 
 
 def read_committed(store: ObjectStore, prefix: str, schema: pa.Schema | None = None) -> pa.Table:

@@ -57,6 +57,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse, urlsplit, urlunsplit
+from urllib.request import url2pathname
 
 MiB = 1024 * 1024
 SCHEMES = ("file://", "s3://")
@@ -395,7 +396,12 @@ def open_store(url: str, **options: Any) -> ObjectStore:
         extra = sorted(k for k, v in options.items() if v is not None)
         if extra:
             raise TypeError(f"options {', '.join(extra)} apply to s3:// stores only, not {redact_url(url)!r}")
-        return FileStore(parsed.path if parsed.scheme else url)
+        if not parsed.scheme:
+            return FileStore(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"storage.url {redact_url(url)!r}: a file URL names an absolute path, "
+                             "file:///abs/path (a host part is not a directory)")
+        return FileStore(url2pathname(parsed.path))  # undoes the %-quoting of Path.as_uri()
     if parsed.scheme == "s3":
         if "@" in parsed.netloc:
             raise ValueError(f"storage.url {redact_url(url)!r}: credentials do not belong in the URL; "

@@ -72,20 +72,21 @@ RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only this roun
 
 def _open_buffer(location: str, campaign: str | None):
     """An ``ExperienceBuffer`` for a run dir or store URL; S3 settings come from the AWS environment."""
-    from components.buffer import ExperienceBuffer, campaigns_in
+    from components.buffer import ExperienceBuffer, campaigns_in, recorded_store
     from components.storage import open_store
 
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    options = {}
     if "://" not in location:
-        run_dir = Path(location)
-        if not run_dir.is_dir():
+        if not Path(location).is_dir():
             _fail(f"no run dir or store at {location}")
-        summary = run_dir / "summary.json"
-        location = json.loads(summary.read_text())["store_url"] if summary.is_file() else (run_dir / "store").as_uri()
+        location, options = recorded_store(location)
     try:
-        store = open_store(location)
+        store = open_store(location, **options)
         names = campaigns_in(store)
-    except ValueError as e:
-        _fail(str(e))
+    except (ValueError, BotoCoreError, ClientError) as e:
+        _fail(f"{location}: {e}")
     if campaign is None:
         if len(names) != 1:
             _fail(f"{location}: {'no campaigns' if not names else 'several campaigns: ' + ', '.join(names)}"
@@ -160,11 +161,10 @@ ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write the o
 
 def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, overrides: list[str],
             report: Path | None) -> None:
-    from components.buffer import ExperienceBuffer
+    from components.buffer import ExperienceBuffer, open_run_store
     from components.config import ConfigError, load_config
     from components.feedback import store_ingested, validate_file
     from components.models import load_model
-    from components.storage import open_store
     from components.tasksets import TasksetError
     from components.validation import ContractError
 
@@ -172,10 +172,10 @@ def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, ov
         cfg = load_config(config or DEFAULT_CONFIG, overrides)
     except ConfigError as e:
         _fail(str(e))
-    out = (run_dir or Path("runs") / cfg.name).resolve()
-    url = cfg.storage.url or (out / "store").as_uri()
-    buffer = ExperienceBuffer(open_store(url, **(cfg.storage.store_options() if url.startswith("s3://") else {})),
-                              cfg.name)
+    try:
+        buffer = ExperienceBuffer(open_run_store(cfg.storage, (run_dir or Path("runs") / cfg.name).resolve()), cfg.name)
+    except ValueError as e:
+        _fail(str(e))
     _, tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download)
     try:
         result = validate_file(file, kind, cfg.name, tokenizer, cfg.contracts, chat_template=cfg.model.chat_template)

@@ -3,15 +3,17 @@ server (moto's server mode on 127.0.0.1, a fresh bucket per test; see tests/s3se
 
 import logging
 import os
+import io
 import pickle
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from botocore.exceptions import ClientError
 
-from components.shards import committed_shards, read_committed, shard_key, write_shard
+from components.shards import ShardError, committed_shards, read_committed, shard_key, write_shard
 from components.storage import FileStore, S3Store, open_store
 
 MiB = 1024 * 1024
@@ -90,6 +92,16 @@ def test_shard_is_invisible_until_committed_and_rewrites_are_idempotent(store):
     write_shard(store, "exp/round=000001", pa.table({"x": [9]}))  # re-run of the same round: no-op
     assert committed_shards(store, "exp") == [key]
     assert read_committed(store, "exp").column("x").to_pylist() == [1, 2, 3]
+
+
+def test_a_shard_overwritten_after_its_commit_fails_loudly_on_read(store):
+    # two writers raced: A committed, then B's data landed over A's bytes under A's marker
+    key = write_shard(store, "race/round=000001", pa.table({"x": [1, 2, 3]}))
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"x": [7]}), sink)
+    store.put(key, sink.getvalue())
+    with pytest.raises(ShardError, match=r"race/round=000001/part-00000.parquet: its bytes are not the ones"):
+        read_committed(store, "race")
 
 
 def test_missing_key_raises_key_error_naming_the_key(store):
@@ -238,3 +250,33 @@ def test_open_store_keeps_file_urls_and_plain_paths(tmp_path):
         open_store("s3:///prefix-without-bucket")
     with pytest.raises(ValueError, match="query"):
         open_store("s3://bucket/p?region=x")
+
+
+def test_file_urls_round_trip_through_as_uri(tmp_path):
+    spaced = tmp_path / "my dir" / "store"
+    store = open_store(str(spaced))
+    store.put("k", b"v")
+    assert "%20" in store.url  # the URL summary.json records ...
+    assert open_store(store.url).get("k") == b"v"  # ... opens the same directory
+    assert open_store(f"file://localhost{spaced}").get("k") == b"v"
+    with pytest.raises(ValueError, match="a host part is not a directory"):
+        open_store("file://rel/store")
+
+
+def test_config_refuses_credentials_in_storage_urls_without_echoing_them(monkeypatch):
+    from components.config import ConfigError, load_config
+
+    for key, url in (("storage.url", "s3://AKID:SECRET-x1@bucket/p"),
+                     ("storage.endpoint_url", "http://user:SECRET-x1@127.0.0.1:9000")):
+        with pytest.raises(ConfigError, match=rf"{key}.*credentials do not belong in a URL") as e:
+            load_config(None, [f"{key}={url}"])
+        assert "SECRET-x1" not in str(e.value)
+    # unset checksum and attempts: the AWS environment decides, else when_required and 5
+    monkeypatch.delenv("AWS_REQUEST_CHECKSUM_CALCULATION", raising=False)
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    options = load_config(None, []).storage.store_options()
+    assert options["checksum"] == "when_required" and options["max_attempts"] == 5
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_supported")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    options = load_config(None, []).storage.store_options()
+    assert options["checksum"] is None and options["max_attempts"] is None  # botocore reads the environment

@@ -4,17 +4,20 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 from pyarrow import fs
+from typer.testing import CliRunner
 
 from components.campaign import Campaign
 from components.config import load_config
 from components.experience import SCHEMA
+from flows.cli import app
 
 CONFIG = Path(__file__).parents[2] / "configs" / "arith-mix.yaml"
 
 
-def test_campaign_on_s3_is_readable_by_plain_pyarrow(s3_server, s3_bucket, tmp_path):
+def test_campaign_on_s3_is_readable_by_plain_pyarrow(s3_server, s3_bucket, tmp_path, monkeypatch):
     cfg = load_config(CONFIG, [
         "name=s3c", "rounds=3", f"storage.url=s3://{s3_bucket}/campaigns", "storage.addressing_style=path",
+        f"storage.endpoint_url={s3_server.endpoint_url}",
         "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2", "trainer.micro_batch_size=16",
         "explorer.tasks_per_round=4", "explorer.repeat_times=4", "algorithm.expert_per_round=8",
     ])
@@ -34,3 +37,10 @@ def test_campaign_on_s3_is_readable_by_plain_pyarrow(s3_server, s3_bucket, tmp_p
     table = pq.read_table(files, filesystem=s3, partitioning=None)
     assert table.num_rows == 48 and table.schema.names == SCHEMA.names
     assert sorted(set(table.column("round").to_pylist())) == [1, 2, 3]
+
+    # `rftflow buffer RUN_DIR` finds the store, endpoint included, without the AWS_ENDPOINT_URL the run had
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    ls = CliRunner().invoke(app, ["buffer", "ls", str(tmp_path)], terminal_width=200)
+    assert ls.exit_code == 0, ls.output
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in ls.output.splitlines() if "│" in line]
+    assert [["usual", str(r), "explorer", "16"] in cells for r in (1, 2, 3)] == [True] * 3
