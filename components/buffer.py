@@ -12,7 +12,8 @@ Object layout under ``<campaign>/`` (every Parquet shard committed with a marker
     quarantine/failed/round=NNNNNN/part-*.parquet the bad rows of a round that failed its contract
     checkpoints/vNNNNNN/                          safetensors + config + tokenizer
     state/<name>.json                             what resume needs: the FIFO cursor, replay use
-                                                  counts, measured pass rates
+                                                  counts, measured pass rates; ingest=<hash>: the
+                                                  report of an ingested file
 
 Consumption of explorer experiences (``take_fifo``, ``take_replay``) returns the rows and a
 ``commit`` callable; the caller runs it once the rows are trained on, so a crash in between
@@ -218,6 +219,11 @@ class ExperienceBuffer:
             return json.loads(self.store.get(self.key("state", f"{name}.json")))
         except KeyError:
             return default
+
+    def ingest_reports(self) -> list[dict[str, Any]]:
+        """The reports of the files ingested into this campaign (``state/ingest=<id>.json``), oldest key first."""
+        keys = self.store.list(self.key("state", "ingest="))
+        return [json.loads(self.store.get(k)) for k in keys if k.endswith(".json")]
 
     def write_state(self, name: str, value: Any) -> None:
         self.store.put(self.key("state", f"{name}.json"), json.dumps(value, sort_keys=True).encode())

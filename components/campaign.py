@@ -78,15 +78,24 @@ class Campaign:
                                                 limit=self.cfg.algorithm.expert_tasks or None)
         verdict = check_experiences(expert, self.cfg.contracts.bounds(), kind="expert")
         self._record("expert contract", 0, expert.num_rows, verdict.quarantined)
+        self.buffer.write_quarantine("expert", verdict.quarantined)  # kept even if the batch fails below
         enforce(verdict, self.cfg.contracts.max_bad_fraction, "expert demonstrations")
         self.buffer.write_expert(verdict.accepted)
-        self.buffer.write_quarantine("expert", verdict.quarantined)
         return {**metrics, "tasks/train": len(train), "tasks/eval": len(taskset.held_out),
                 "tasks/quarantined": taskset.quarantined.num_rows, "tasks/expert": verdict.accepted.num_rows}
 
+    def validation_entries(self) -> list[ValidationEntry]:
+        """Every checked batch for the validation report: the files ingested into the campaign's
+        store (by ``rftflow ingest``, before or during the run), then this run's checks."""
+        ingested = [ValidationEntry(f"ingested {r['kind']} file", 0, r["rows"], r["accepted"], r["quarantined"],
+                                    r["reasons"]) for r in self.buffer.ingest_reports()]
+        return [*ingested, *self.validation_log]
+
     def _record(self, stage: str, round_no: int, rows: int, rejected: pa.Table) -> None:
-        """Add a line to the validation log (the campaign's validation report)."""
+        """Add a line to the validation log (the campaign's validation report); a retried stage
+        replaces its earlier line for the same round."""
         reasons = rejected.column("reason").to_pylist() if rejected.num_rows else []
+        self.validation_log = [e for e in self.validation_log if (e.stage, e.round) != (stage, round_no)]
         self.validation_log.append(ValidationEntry(stage, round_no, rows, rows - rejected.num_rows, len(reasons),
                                                    dict(Counter(p for r in reasons for p in r.split("; ")))))
 

@@ -39,6 +39,7 @@ INGEST_KINDS = ("feedback", "expert")
 @dataclass
 class IngestResult:
     file: str
+    kind: str  # feedback or expert
     ingest_id: str
     accepted: pa.Table
     quarantined: pa.Table  # with ``reason``
@@ -46,7 +47,7 @@ class IngestResult:
     def report(self) -> dict[str, Any]:
         """``rows``, ``accepted``, ``quarantined`` and the reasons with their counts (the --report JSON)."""
         reasons = Counter(p for r in self.quarantined.column("reason").to_pylist() for p in r.split("; "))
-        return {"file": self.file, "ingest_id": self.ingest_id,
+        return {"file": self.file, "kind": self.kind, "ingest_id": self.ingest_id,
                 "rows": self.accepted.num_rows + self.quarantined.num_rows, "accepted": self.accepted.num_rows,
                 "quarantined": self.quarantined.num_rows, "reasons": dict(reasons.most_common()),
                 "by_source": dict(Counter(self.accepted.column("source").to_pylist()))}
@@ -125,13 +126,14 @@ def validate_file(path: str | Path, kind: str, campaign: str, tokenizer, contrac
     file_rows = [json.loads(info)["row"] for info in quarantined.column("info").to_pylist()]
     quarantined = quarantined.take(pa.array(sorted(range(len(file_rows)), key=file_rows.__getitem__), pa.int64()))
     accepted = pa.concat_tables([SCHEMA.empty_table(), *(v.accepted for v in verdicts)])
-    return IngestResult(str(path), ingest_id, accepted, quarantined)
+    return IngestResult(str(path), kind, ingest_id, accepted, quarantined)
 
 
 def store_ingested(result: IngestResult, buffer: ExperienceBuffer, max_bad_fraction: float) -> bool:
     """Store an ingested file's accepted rows (by source) and its quarantine, unless more than
     ``max_bad_fraction`` of its rows are bad (``ContractError``, nothing stored). Idempotent:
-    returns False when its accepted rows were stored before (the same content, ingested again)."""
+    returns False when its accepted rows were stored before (the same content, ingested again).
+    Its report goes to ``state/ingest=<id>.json``, where the campaign's validation report reads it."""
     enforce(Verdict(result.accepted, result.quarantined), max_bad_fraction, f"file {result.file}",
             label=lambda row: f"{result.file}:{json.loads(row['info'])['row']}")
     new = False
@@ -140,6 +142,7 @@ def store_ingested(result: IngestResult, buffer: ExperienceBuffer, max_bad_fract
         if rows.num_rows:
             new |= buffer.write_ingested(source, result.ingest_id, rows)
     buffer.write_quarantine(f"ingest={result.ingest_id}", result.quarantined)
+    buffer.write_state(f"ingest={result.ingest_id}", result.report())  # for the campaign's validation report
     return new or result.accepted.num_rows == 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import typing
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +50,30 @@ def _operator(kind: str, index: int, step: Mapping[str, Any]) -> tuple[Callable,
     if unknown:
         allowed = ", ".join(p for p in params if p != "table") or "none"
         raise ValueError(f"{where} ({name}): unknown option(s) {', '.join(unknown)}; options: {allowed}")
-    return fn, options
+    return fn, _typed_options(fn, options, f"{where} ({name})")
+
+
+def _typed_options(fn: Callable, options: dict[str, Any], where: str) -> dict[str, Any]:
+    """``options`` validated against ``fn``'s annotations with pydantic ("2" → 2.0 for a float; a
+    two-element clip for ``tuple[float, float]``), so a bad value fails at config time, not in a round."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # a user operator's annotations that do not resolve: its options go as given
+        hints = {}
+    typed = {}
+    for key, value in options.items():
+        if key not in hints:
+            typed[key] = value
+            continue
+        try:
+            typed[key] = TypeAdapter(hints[key]).validate_python(value)
+        except ValidationError as e:
+            error = e.errors()[0]
+            at = f" at [{']['.join(map(str, error['loc']))}]" if error["loc"] else ""
+            raise ValueError(f"{where}: option {key}={value!r}: {error['msg']}{at}") from None
+    return typed
 
 
 def check_pipeline(kind: str, steps: Sequence[Mapping[str, Any]]) -> None:
@@ -173,7 +197,7 @@ def synthesize_tasks(table: pa.Table, dataset: str, n: int, params: dict | None 
 # experience operators ------------------------------------------------------------------------
 @register_operator("experiences", "shape_reward")
 def shape_reward(table: pa.Table, add: float = 0.0, scale: float = 1.0,
-                 clip: Sequence[float] | None = None) -> pa.Table:
+                 clip: tuple[float, float] | None = None) -> pa.Table:
     """reward' = clip(scale · reward + add, low, high); the original stays in ``rewards["unshaped"]``.
     NaN stays NaN (the contract has quarantined non-finite rewards before this runs)."""
     rewards = table.column("reward").to_pylist()

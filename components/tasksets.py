@@ -68,6 +68,8 @@ def _format_prompt(template: str, question: str, answer: str, metadata: dict[str
         raise TasksetError(
             f"taskset.prompt_template: unknown field {e.args[0]!r}; available: {', '.join(sorted(fields))}"
         ) from None
+    except (IndexError, TypeError, AttributeError, ValueError) as e:  # e.g. {meta[0]} on a row whose meta is text
+        raise TasksetError(f"taskset.prompt_template {template!r} does not fit this row: {e}") from None
 
 
 def _reasoning_gym_entries(name: str, params: dict[str, Any], size: int, seed: int) -> list[dict[str, Any]]:
@@ -104,11 +106,15 @@ def read_rows(path: Path, what: str = "file") -> list[tuple[int, Any, str | None
             if line.strip():
                 try:
                     row = json.loads(line)
+                    # JSON may escape a lone surrogate ("\ud800"): valid JSON, not encodable text
+                    surrogate = "\\u" in line and _has_surrogate(row)
                 except json.JSONDecodeError as e:
                     rows.append((lineno, None, f"not valid JSON ({e.msg})"))
                     continue
-                # JSON may escape a lone surrogate ("\ud800"): valid JSON, not encodable text
-                if "\\u" in line and _has_surrogate(row):
+                except (ValueError, RecursionError) as e:  # an integer over 4300 digits; nesting too deep
+                    rows.append((lineno, None, f"not readable JSON ({type(e).__name__}: {str(e)[:120]})"))
+                    continue
+                if surrogate:
                     rows.append((lineno, None, "not valid UTF-8 (an escaped lone surrogate)"))
                 else:
                     rows.append((lineno, row, None))

@@ -7,11 +7,13 @@ the configured threshold, naming its first bad rows.
 Contracts (one GX suite each, over a frame of the table's columns and derived ones: text lengths,
 token counts, and flag columns for the per-row rules GX has no expectation for, checked together):
 
-- ``explorer`` experiences: ids, campaign, prompt non-null and non-empty; response non-null;
+- ``explorer`` experiences: ids, campaign, prompt non-null and non-empty (text lengths are measured
+  without surrounding whitespace, so "  " is empty); response non-null;
   source ``explorer``; round ≥ 0; reward finite and within bounds; 1 ≤ token lengths ≤ bounds;
   no null or negative token id, mask values 0 or 1, no non-finite log-prob; log-probs present and, like the mask,
   as long as the response; weight version in [0, current] (not from the future); every group
-  has ``repeat_times`` rows; no experience id repeated (later copies are the bad ones).
+  has ``repeat_times`` distinct experiences; no experience id repeated (later copies are the bad
+  ones). A row that breaks a rule is quarantined alone: the rest of its group is kept.
 - ``expert`` demonstrations and ``human`` feedback: the same, with source ``expert``/``human``,
   a non-empty response, log-probs optional and no group-size rule.
 - ``tasks``: the row parsed (valid UTF-8, JSON, an object); question, answer and prompt
@@ -150,9 +152,10 @@ def _experience_frame(table: pa.Table):
     ``contract_suite``): text lengths, token counts, the reward, and derived per-row checks."""
     import pandas as pd
 
-    def length(column: str, null: int):
-        measure = pc.utf8_length if pa.types.is_string(table.schema.field(column).type) else pc.list_value_length
-        return pc.fill_null(measure(table.column(column)), null).to_numpy()
+    def length(column: str, null: int):  # text: without surrounding whitespace (" " is empty)
+        if pa.types.is_string(table.schema.field(column).type):
+            return pc.fill_null(pc.utf8_length(pc.utf8_trim_whitespace(table.column(column))), null).to_numpy()
+        return pc.fill_null(pc.list_value_length(table.column(column)), null).to_numpy()
 
     df = pd.DataFrame({f"{c}_present": length(c, 0) > 0 for c in IDS})  # non-null and non-empty
     df["prompt_length"] = length("prompt", 0)
@@ -176,10 +179,12 @@ def _experience_frame(table: pa.Table):
                                  | _any_element(table.column("response_mask"),
                                                 lambda v: pc.invert(pc.is_in(v, pa.array([0, 1], v.type)))))
     group_ids, experience_ids = table.column("group_id").to_pylist(), table.column("experience_id").to_pylist()
-    sizes = Counter(group_ids)
-    df["group_size"] = [sizes[g] for g in group_ids]
     seen: set = set()
-    df["experience_id_is_first"] = [not (e in seen or seen.add(e)) for e in experience_ids]
+    first = [not (e in seen or seen.add(e)) for e in experience_ids]
+    df["experience_id_is_first"] = first
+    # a group's size counts distinct experiences: a repeated row is quarantined, its group not
+    sizes = Counter(g for g, f in zip(group_ids, first) if f)
+    df["group_size"] = [sizes[g] for g in group_ids]
     df["model_version"] = pc.fill_null(table.column("model_version"), -1).to_numpy()
     return df
 
@@ -187,7 +192,11 @@ def _experience_frame(table: pa.Table):
 def _task_frame(table: pa.Table):
     import pandas as pd
 
-    return pd.DataFrame({c: pd.Series(table.column(c).to_pylist(), dtype=object)
+    def text(column: str):  # without surrounding whitespace, so "   " counts as empty
+        values = table.column(column)
+        return pc.utf8_trim_whitespace(values) if pa.types.is_string(values.type) else values
+
+    return pd.DataFrame({c: pd.Series((text(c) if c != "parse_error" else table.column(c)).to_pylist(), dtype=object)
                          for c in ("parse_error", "question", "answer", "prompt")})
 
 

@@ -37,7 +37,7 @@ def _validation_report(campaign: Campaign, tracker: Tracker, out: Path) -> tuple
     """Write ``<run dir>/validation/validation.md`` and log it to the MLflow run; (path, artifact URI)."""
     path = out / "validation" / "validation.md"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(validation_report(campaign.validation_log, campaign.cfg.name))
+    path.write_text(validation_report(campaign.validation_entries(), campaign.cfg.name))
     return path, tracker.log_artifacts(path.parent, "validation")
 
 

@@ -2,7 +2,8 @@
 step = round. Task runs are named by stage and round (``explore[r=3]``) for the Prefect UI.
 
 They receive the ``Campaign`` (models inside), hence ``cache_policy=NO_CACHE``: Prefect must
-never pickle or hash it. Retries only where the work is idempotent IO.
+never pickle or hash it. Retries only where the work is idempotent IO, and never after a data
+contract failed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,18 @@ from prefect.cache_policies import NO_CACHE
 
 from components.campaign import Campaign
 from components.tracking import Tracker
+from components.validation import ContractError
+
+
+def not_a_contract(_task, _task_run, state) -> bool:
+    """Retry condition: retry a failed stage unless a data contract failed (bad data stays bad)."""
+    try:
+        state.result()
+    except ContractError:
+        return False
+    except Exception:  # noqa: BLE001 — anything else may be transient (a store hiccup)
+        return True
+    return True
 
 
 def tracked(name: str, step: int, tracker: Tracker, work: Callable[[], dict[str, float]]) -> dict[str, float]:
@@ -26,7 +39,7 @@ def tracked(name: str, step: int, tracker: Tracker, work: Callable[[], dict[str,
     return metrics
 
 
-@task(name="prepare", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+@task(name="prepare", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1, retry_condition_fn=not_a_contract)
 def prepare(campaign: Campaign, tracker: Tracker) -> dict[str, float]:
     """Store the taskset splits and expert demonstrations (idempotent)."""
     return tracked("prepare", 0, tracker, campaign.prepare)

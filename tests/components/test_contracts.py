@@ -89,8 +89,11 @@ def test_expert_and_human_contracts_differ_from_the_explorer_one():
     assert check(to_table([demo]), "expert").counts["accepted"] == 1  # no log-probs needed
     verdict = check(to_table([demo]), "human")
     assert "in_set(source)" in verdict.quarantined.column("reason")[0].as_py()
-    empty = check(to_table([_row(1, source="expert", response="", group_id="b")]), "expert")
-    assert empty.quarantined.column("reason").to_pylist() == ["expect_column_values_to_be_between(response_length)"]
+    empty = check(to_table([_row(1, source="expert", response="", group_id="b"),
+                            _row(2, source="expert", response=" \n", group_id="c")]), "expert")
+    assert empty.quarantined.column("reason").to_pylist() == ["expect_column_values_to_be_between(response_length)"] * 2
+    blank = check(to_table([_row(3, source="human", prompt="   ", group_id="d")]), "human")
+    assert blank.quarantined.column("reason").to_pylist() == ["expect_column_values_to_be_between(prompt_length)"]
 
 
 def test_threshold_fails_the_batch_naming_the_first_bad_rows():
@@ -112,6 +115,9 @@ TASK_LINES = [
     json.dumps({"question": "x" * 200, "answer": "1"}).encode(),
     json.dumps({"question": 12, "answer": 3}).encode(),  # numbers are fine: formatted as text
     b'{"question": "\\ud800", "answer": "1"}',  # valid JSON, a lone surrogate: not encodable text
+    b'{"question": "2+2", "answer": "4", "id": ' + b"9" * 5000 + b"}",  # an integer Python will not parse
+    b'{"question": "2+2", "answer": "4", "m": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # nested too deep
+    json.dumps({"question": "   ", "answer": "1"}).encode(),  # only whitespace: empty
 ]
 
 
@@ -119,7 +125,7 @@ def test_task_file_corpus(tmp_path):
     path = tmp_path / "tasks.jsonl"
     path.write_bytes(b"\n".join(TASK_LINES) + b"\n")
     cfg = TasksetConfig(source=str(path))
-    with pytest.raises(TasksetError, match=rf"taskset {path}: 7 of 10 rows .* first: {path}:2: expect_column_values_to_be_null\(parse_error\): not valid UTF-8 \| {path}:3: "):
+    with pytest.raises(TasksetError, match=rf"taskset {path}: 10 of 13 rows .* first: {path}:2: expect_column_values_to_be_null\(parse_error\): not valid UTF-8 \| {path}:3: "):
         validated_tasks(cfg, 0, ContractsConfig(max_bad_fraction=0.5))
     tasks, quarantined = validated_tasks(cfg, 0, ContractsConfig(max_bad_fraction=1.0))
     assert [t.question for t in tasks] == ["1+1", "x" * 200, "12"] and len(tasks) + quarantined.num_rows == len(TASK_LINES)
@@ -129,6 +135,9 @@ def test_task_file_corpus(tmp_path):
     assert "value_lengths_to_be_between(question)" in reasons[6]
     assert "'question' must be a string, got list" in reasons[7]
     assert "lone surrogate" in reasons[10]
+    assert "not readable JSON (ValueError: Exceeds the limit" in reasons[11]
+    assert "not readable JSON (RecursionError" in reasons[12]
+    assert "value_lengths_to_be_between(question)" in reasons[13]
     # 200 characters are within the default bound, not within max_text_chars=100
     _, short = validated_tasks(cfg, 0, ContractsConfig(max_bad_fraction=1.0, max_text_chars=100))
     assert "value_lengths_to_be_between(question)" in dict(zip(short.column("row").to_pylist(),
@@ -156,6 +165,18 @@ def _feedback_file(tmp_path, extra: bytes = b""):
                      b'{"prompt": "1 + 1 =", "response": "2", "rating": 1' + b"0" * 400 + b'}\n'  # no float
                      b'{"prompt": "1 + 1 =", "response": "3", "correction": ""}\n' + extra)  # empty correction
     return path
+
+
+def test_a_prompt_template_that_does_not_fit_a_row_quarantines_that_row(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"question": "1+1", "answer": "2", "meta": {"level": "easy"}},
+            {"question": "2+2", "answer": "4", "meta": "easy"},  # text, not a mapping
+            {"question": "3+3", "answer": "6", "meta": []}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = TasksetConfig(source=str(path), prompt_template="{question} ({meta[level]})")
+    tasks, quarantined = validated_tasks(cfg, 0, ContractsConfig(max_bad_fraction=1.0))
+    assert [t.prompt for t in tasks] == ["1+1 (easy)"]
+    assert [r.count("does not fit this row") for r in quarantined.column("reason").to_pylist()] == [1, 1]
 
 
 def test_feedback_corpus_is_quarantined_with_reasons_and_stored_once(tiny, tmp_path):

@@ -66,6 +66,13 @@ def test_check_pipeline_names_the_step_and_user_operators_register():
         check_pipeline("experiences", [{"op": "dedupe"}, {"op": "nope"}])
     with pytest.raises(ValueError, match=r"pipelines.tasks\[0\] \(length_filter\): unknown option\(s\) max_len"):
         check_pipeline("tasks", [{"op": "length_filter", "max_len": 3}])
+    # option values are checked against the operator's annotations before any round runs
+    with pytest.raises(ValueError, match=r"\(shape_reward\): option clip=\[1\]: Field required at \[1\]"):
+        check_pipeline("experiences", [{"op": "shape_reward", "clip": [1]}])
+    with pytest.raises(ValueError, match=r"\(length_filter\): option max_tokens='many': Input should be a valid integer"):
+        check_pipeline("experiences", [{"op": "length_filter", "max_tokens": "many"}])
+    shaped = run_pipeline("experiences", to_table([_exp(0, 0, 1.0)]), [{"op": "shape_reward", "scale": "2"}]).kept
+    assert shaped.column("reward").to_pylist() == [2.0]  # "2" read as the number the annotation asks for
 
     @register_operator("experiences", "only_correct")
     def only_correct(table):

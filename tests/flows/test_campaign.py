@@ -141,3 +141,25 @@ def test_validation_report_is_written_logged_and_linked(finished):
     assert f"| tasks contract | 1 | {cfg.taskset.size} | {cfg.taskset.size} | 0 |" in text  # every generated row
     client = MlflowClient(summary["mlflow_tracking_uri"])
     assert [a.path for a in client.list_artifacts(summary["mlflow_run_id"], "validation")] == ["validation/validation.md"]
+
+
+def test_a_contract_failure_in_prepare_is_not_retried_and_keeps_its_rows(prefect_api, tmp_path):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from components.buffer import ExperienceBuffer
+    from components.storage import open_store
+    from flows.campaign import rft_campaign
+
+    # every demonstration's prompt is longer than 2 tokens: the expert contract fails the batch
+    cfg = load_config(CONFIG, [*SMALL, "name=strict-prep", "contracts.max_prompt_tokens=2"])
+    state = rft_campaign(cfg.model_dump(mode="json"), str(tmp_path), return_state=True)
+    assert state.is_failed() and "expert demonstrations: " in state.message
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    prepare = [r for r in runs if r.name.startswith("prepare")]
+    assert len(prepare) == 1 and prepare[0].run_count == 1  # bad data stays bad: no retry
+    report = (tmp_path / "validation" / "validation.md").read_text()
+    assert report.count("| expert contract |") == 2  # the totals line and its batch, once each
+    quarantined = ExperienceBuffer(open_store((tmp_path / "store").as_uri()), "strict-prep").read_kind("quarantine")
+    assert quarantined.num_rows > 0 and "between(prompt_tokens)" in quarantined.column("reason")[0].as_py()

@@ -42,6 +42,9 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
     cfg = load_config(CONFIG, SETTINGS)
     summary = rft_campaign(cfg.model_dump(mode="json"), str(tmp_path / "run"))  # the real flow
     campaign = Campaign(cfg, tmp_path / "run")  # reopens the run's store
+    report_text = Path(summary["validation_report"]).read_text()  # the file ingested before the run is in it
+    assert "| ingested feedback file | 1 | 12 | 11 | 1 |" in report_text
+    assert "| ingested feedback file | 0 | 12 | 1 | expect_column_values_to_be_between(prompt_length) ×1" in report_text
     expert = campaign.buffer.read_expert(cfg.algorithm.human_min_reward)
     assert expert.column("source").to_pylist().count("human") == 10
     history = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history
