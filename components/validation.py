@@ -132,19 +132,29 @@ def _not_finite(values: pa.Array) -> pa.Array:
     return pc.fill_null(pc.invert(pc.is_finite(values)), True)
 
 
-def _any_element(column: pa.ChunkedArray, bad) -> np.ndarray:
-    """Per row of a list column: whether ``bad(elements)`` holds for any element (a null list: no).
-    Elements are read row by row through the offsets, so values hidden under a null list (Arrow
-    allows them) are never looked at."""
+def _any_element(column: pa.ChunkedArray, *tests) -> list[np.ndarray]:
+    """Per row of a list column, for each test: whether ``test(elements)`` holds for any element
+    (a null list: no). Elements are read row by row through the offsets, so values hidden under a
+    null list (Arrow allows them) are never looked at."""
     lists = column.combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
-    hit = np.zeros(len(lists), dtype=bool)
-    if lengths.sum():
-        parents = np.repeat(np.arange(len(lists)), lengths)
-        elements = pc.list_flatten(lists)  # skips null lists, so it lines up with ``parents``
-        flagged = np.asarray(pc.fill_null(bad(elements), False).to_numpy(zero_copy_only=False), dtype=bool)
-        hit[parents[flagged]] = True
-    return hit
+    parents = np.repeat(np.arange(len(lists)), lengths)
+    elements = pc.list_flatten(lists)  # skips null lists, so it lines up with ``parents``
+    hits = []
+    for test in tests:
+        hit = np.zeros(len(lists), dtype=bool)
+        if len(elements):
+            hit[parents[np.asarray(pc.fill_null(test(elements), False).to_numpy(zero_copy_only=False), bool)]] = True
+        hits.append(hit)
+    return hits
+
+
+def _negative(values: pa.Array) -> pa.Array:
+    return pc.less(values, 0)
+
+
+def _not_binary(values: pa.Array) -> pa.Array:
+    return pc.invert(pc.is_in(values, pa.array([0, 1], values.type)))
 
 
 def _experience_frame(table: pa.Table):
@@ -170,14 +180,12 @@ def _experience_frame(table: pa.Table):
     ids, logprobs, mask = (length(c, -1) for c in ("response_ids", "response_logprobs", "response_mask"))
     df["token_lengths_consistent"] = (ids >= 0) & ((logprobs == -1) | (logprobs == ids)) & ((mask == -1) | (mask == ids))
     df["has_logprobs"] = logprobs >= 0
-    df["tokens_complete"] = ~(_any_element(table.column("prompt_ids"), pc.is_null)
-                              | _any_element(table.column("response_ids"), pc.is_null)
-                              | _any_element(table.column("response_mask"), pc.is_null)
-                              | _any_element(table.column("response_logprobs"), _not_finite))
-    df["token_values_valid"] = ~(_any_element(table.column("prompt_ids"), lambda v: pc.less(v, 0))
-                                 | _any_element(table.column("response_ids"), lambda v: pc.less(v, 0))
-                                 | _any_element(table.column("response_mask"),
-                                                lambda v: pc.invert(pc.is_in(v, pa.array([0, 1], v.type)))))
+    prompt_null, prompt_negative = _any_element(table.column("prompt_ids"), pc.is_null, _negative)
+    response_null, response_negative = _any_element(table.column("response_ids"), pc.is_null, _negative)
+    mask_null, mask_not_binary = _any_element(table.column("response_mask"), pc.is_null, _not_binary)
+    (logprob_not_finite,) = _any_element(table.column("response_logprobs"), _not_finite)
+    df["tokens_complete"] = ~(prompt_null | response_null | mask_null | logprob_not_finite)
+    df["token_values_valid"] = ~(prompt_negative | response_negative | mask_not_binary)
     group_ids, experience_ids = table.column("group_id").to_pylist(), table.column("experience_id").to_pylist()
     seen: set = set()
     first = [not (e in seen or seen.add(e)) for e in experience_ids]
@@ -192,12 +200,13 @@ def _experience_frame(table: pa.Table):
 def _task_frame(table: pa.Table):
     import pandas as pd
 
-    def text(column: str):  # without surrounding whitespace, so "   " counts as empty
+    def text(column: str) -> list:  # without surrounding whitespace, so "   " counts as empty
         values = table.column(column)
-        return pc.utf8_trim_whitespace(values) if pa.types.is_string(values.type) else values
+        return (pc.utf8_trim_whitespace(values) if pa.types.is_string(values.type) else values).to_pylist()
 
-    return pd.DataFrame({c: pd.Series((text(c) if c != "parse_error" else table.column(c)).to_pylist(), dtype=object)
-                         for c in ("parse_error", "question", "answer", "prompt")})
+    columns = {"parse_error": table.column("parse_error").to_pylist(),
+               **{c: text(c) for c in ("question", "answer", "prompt")}}
+    return pd.DataFrame({c: pd.Series(values, dtype=object) for c, values in columns.items()})
 
 
 def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds()) -> Verdict:

@@ -66,16 +66,18 @@ buffer_app = typer.Typer(no_args_is_help=True, help="Inspect what a campaign sto
 app.add_typer(buffer_app, name="buffer")
 StoreArg = Annotated[str, typer.Argument(help="A run dir, or a store URL (file:///…, s3://bucket/prefix).")]
 CampaignOpt = Annotated[Optional[str], typer.Option("--campaign", help="Campaign name (default: the only one).")]
-KindOpt = Annotated[str, typer.Option("--kind", help="usual, expert, human, quarantine, failed (bad rows of a round over the threshold) or tasks.")]
+KindOpt = Annotated[str, typer.Option(
+    "--kind", help="usual, expert, human, quarantine, failed (bad rows of a round over the threshold) or tasks.")]
 RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only this round (usual, quarantine, failed).")]
 
 
 def _open_buffer(location: str, campaign: str | None):
-    """An ``ExperienceBuffer`` for a run dir or store URL; S3 settings come from the AWS environment."""
+    """An ``ExperienceBuffer`` for a run dir (its store as the run recorded it, see
+    ``open_run_store``) or a store URL (S3 settings from the AWS environment)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     from components.buffer import ExperienceBuffer, campaigns_in, recorded_store
     from components.storage import open_store
-
-    from botocore.exceptions import BotoCoreError, ClientError
 
     options = {}
     if "://" not in location:
@@ -85,7 +87,9 @@ def _open_buffer(location: str, campaign: str | None):
     try:
         store = open_store(location, **options)
         names = campaigns_in(store)
-    except (ValueError, BotoCoreError, ClientError) as e:
+    except ValueError as e:  # names the URL itself
+        _fail(str(e))
+    except (BotoCoreError, ClientError) as e:
         _fail(f"{location}: {e}")
     if campaign is None:
         if len(names) != 1:

@@ -91,13 +91,12 @@ def check_algorithm(algorithm) -> None:
     options = algorithm.setting("advantage_options")
     if "advantage" in found and options:
         params = list(inspect.signature(found["advantage"]).parameters.values())
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            data = 3 if getattr(found["advantage"], "needs_critic", False) else 2  # the tensors it is called with
-            unknown = sorted(set(options) - {p.name for p in params[data:]})
-            if unknown:
-                raise ConfigError(f"config key 'algorithm.advantage_options': {algorithm.setting('advantage')!r} "
-                                  f"takes no option(s) {', '.join(unknown)}; it takes: "
-                                  f"{', '.join(p.name for p in params[data:]) or 'none'}")
+        data = 3 if getattr(found["advantage"], "needs_critic", False) else 2  # the tensors it is called with
+        takes = [p.name for p in params[data:] if p.kind is not p.VAR_KEYWORD]
+        unknown = sorted(set(options) - set(takes))
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
+            raise ConfigError(f"config key 'algorithm.advantage_options': {algorithm.setting('advantage')!r} "
+                              f"takes no option(s) {', '.join(unknown)}; it takes: {', '.join(takes) or 'none'}")
     if getattr(found.get("loss"), "pairwise", False) and algorithm.uses_expert:
         raise ConfigError(f"config key 'algorithm.loss': {algorithm.setting('loss')!r} trains on (chosen, rejected) "
                           f"pairs and cannot take the expert rows preset {algorithm.name!r} adds; pick a preset "
