@@ -183,12 +183,12 @@ class ExperienceBuffer:
         if kind not in KINDS:
             raise KeyError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
         parts = [*KINDS[kind], *([round_dir(round_no)] if round_no is not None else [])]
-        failed = self.key(*KINDS["failed"]) + "/"
-        keys = [k for k in committed_shards(self.store, self.key(*parts))
-                if kind != "quarantine" or not k.startswith(failed)]
-        if not keys:
+        prefix, failed = self.key(*parts), self.key(*KINDS["failed"]) + "/"
+        keys = [k for k in committed_shards(self.store, prefix) if kind != "quarantine" or not k.startswith(failed)]
+        try:
+            return read_committed(self.store, prefix, keys=keys)
+        except KeyError:
             return pa.table({})
-        return pa.concat_tables([read_shard(self.store, k) for k in keys], promote_options="default")
 
     def counts(self) -> list[dict[str, Any]]:
         """Rows per (kind, round, source) for experiences and quarantine, per split for tasks."""

@@ -229,8 +229,8 @@ class Campaign:
             parts.append(usual)
         if algo.uses_expert:
             n_expert = algo.expert_per_round
-            if algo.expert_ratio is not None and parts:  # a share of the batch, set by the explorer rows taken
-                n_expert = round(parts[0].num_rows * algo.expert_ratio / (1 - algo.expert_ratio))
+            if algo.expert_ratio is not None and algo.uses_explorer:  # a share of the batch, set by the explorer rows
+                n_expert = round(sum(p.num_rows for p in parts) * algo.expert_ratio / (1 - algo.expert_ratio))
             parts.append(self.buffer.sample_expert(n_expert, self.rng, algo.human_min_reward))
         batch = pa.concat_tables(parts)
         sources = Counter(batch.column("source").to_pylist())

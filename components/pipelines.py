@@ -11,6 +11,7 @@ Options an operator declares but the step leaves out come from the run's context
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import typing
@@ -53,22 +54,32 @@ def _operator(kind: str, index: int, step: Mapping[str, Any]) -> tuple[Callable,
     return fn, _typed_options(fn, options, f"{where} ({name})")
 
 
-def _typed_options(fn: Callable, options: dict[str, Any], where: str) -> dict[str, Any]:
-    """``options`` validated against ``fn``'s annotations with pydantic ("2" → 2.0 for a float; a
-    two-element clip for ``tuple[float, float]``), so a bad value fails at config time, not in a round."""
-    from pydantic import TypeAdapter, ValidationError
+@functools.cache
+def _option_types(fn: Callable) -> dict[str, Any]:
+    """A pydantic ``TypeAdapter`` per annotated option of operator ``fn`` (built once: every round
+    runs the pipeline)."""
+    from pydantic import TypeAdapter
 
     try:
         hints = typing.get_type_hints(fn)
     except Exception:  # a user operator's annotations that do not resolve: its options go as given
-        hints = {}
+        return {}
+    return {name: TypeAdapter(hint) for name, hint in hints.items() if name not in ("table", "return")}
+
+
+def _typed_options(fn: Callable, options: dict[str, Any], where: str) -> dict[str, Any]:
+    """``options`` validated against ``fn``'s annotations with pydantic ("2" → 2.0 for a float; a
+    two-element clip for ``tuple[float, float]``), so a bad value fails at config time, not in a round."""
+    from pydantic import ValidationError
+
+    types = _option_types(fn)
     typed = {}
     for key, value in options.items():
-        if key not in hints:
+        if key not in types:
             typed[key] = value
             continue
         try:
-            typed[key] = TypeAdapter(hints[key]).validate_python(value)
+            typed[key] = types[key].validate_python(value)
         except ValidationError as e:
             error = e.errors()[0]
             at = f" at [{']['.join(map(str, error['loc']))}]" if error["loc"] else ""

@@ -75,9 +75,11 @@ def read_shard(store: ObjectStore, key: str) -> pa.Table:
     return pq.read_table(io.BytesIO(data))
 
 
-def read_committed(store: ObjectStore, prefix: str, schema: pa.Schema | None = None) -> pa.Table:
-    """All committed shards under ``prefix`` as one table (empty with ``schema`` if none)."""
-    tables = [read_shard(store, k) for k in committed_shards(store, prefix)]
+def read_committed(store: ObjectStore, prefix: str, schema: pa.Schema | None = None,
+                   keys: list[str] | None = None) -> pa.Table:
+    """All committed shards under ``prefix`` (or just ``keys``, some of them) as one table; empty
+    with ``schema`` if none (without a schema: ``KeyError``)."""
+    tables = [read_shard(store, k) for k in (committed_shards(store, prefix) if keys is None else keys)]
     if not tables:
         if schema is None:
             raise KeyError(f"no committed shards under {prefix!r}")

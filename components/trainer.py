@@ -232,10 +232,11 @@ class Trainer:
         unit = 2 if self.pairwise else 1
         per_step = max(unit, self.cfg.micro_batch_size // unit * unit)
         start, sums, tokens, n_steps = time.perf_counter(), defaultdict(float), 0, 0
-        stratify = self.algorithm.expert_ratio is not None and not self.pairwise
+        # with an expert ratio, every micro-batch holds the round's expert share
+        is_expert = [r["source"] != "explorer" for r in rows] if self.algorithm.expert_ratio is not None else None
         for _ in range(self.cfg.epochs):
-            if stratify:  # every micro-batch holds the round's expert share
-                order = stratified_order([r["source"] != "explorer" for r in rows], per_step, self.rng)
+            if is_expert is not None and not self.pairwise:
+                order = stratified_order(is_expert, per_step, self.rng)
             else:
                 units = list(range(0, len(rows), unit))
                 self.rng.shuffle(units)
