@@ -25,11 +25,11 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
 
 def budget(algorithm: str, rows_per_round: int, repeat_times: int) -> list[str]:
     if algorithm == "sft":
-        return [f"algorithm.expert_per_round={rows_per_round}"]
+        return [f"buffer.expert_per_round={rows_per_round}"]
     if algorithm == "mix":
         return [f"explorer.tasks_per_round={rows_per_round // 4 // repeat_times}",
-                f"algorithm.expert_per_round={rows_per_round * 3 // 4}"]
-    return [f"explorer.tasks_per_round={rows_per_round // repeat_times}", "algorithm.expert_per_round=0"]
+                f"buffer.expert_per_round={rows_per_round * 3 // 4}"]
+    return [f"explorer.tasks_per_round={rows_per_round // repeat_times}", "buffer.expert_per_round=0"]
 
 
 def run(algorithm: str, args: argparse.Namespace) -> dict[str, float]:

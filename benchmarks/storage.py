@@ -28,9 +28,9 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.s3server (the moto helper the tests use)
 
-from components.experience import SCHEMA  # noqa: E402
-from components.shards import committed_shards, read_committed, write_shard  # noqa: E402
-from components.storage import open_store  # noqa: E402
+from components.data.experience import SCHEMA  # noqa: E402
+from components.buffer.shards import committed_shards, read_committed, write_shard  # noqa: E402
+from components.buffer.store import open_store  # noqa: E402
 
 
 def _lists(lengths: np.ndarray, values: np.ndarray) -> pa.ListArray:
@@ -75,7 +75,7 @@ def run(store, tables: list[pa.Table], workers: int, repeat: int) -> dict[str, f
     and deleted afterwards."""
     top = f"bench-{uuid.uuid4().hex[:12]}"
     try:
-        runs = [run_once(store, tables, workers, f"{top}/experiences/usual/round={i:06d}") for i in range(repeat)]
+        runs = [run_once(store, tables, workers, f"{top}/experiences/usual/round={i}") for i in range(repeat)]
     finally:
         for key in store.list(f"{top}/"):
             store.delete(key)

@@ -1,86 +1,99 @@
 """``Campaign``: the parts of one running campaign, wired together, with one method per stage.
 
-Stage methods take a round number and return small metric dicts (namespaced keys); data passes
-between stages through the object store (``ExperienceBuffer`` staging), so each stage can be
-retried on its own. Nothing here imports Prefect: ``tasks/`` wrap these methods.
+A round is ``ROUND``, its stages in order: explore → verify → buffer → train → sync; the Prefect
+flow and ``run_round`` both walk that list. Stage methods take a round number and return small
+metric dicts (namespaced keys); data passes between stages through the store (``staging/``), so
+each stage can be retried on its own. Nothing here imports Prefect: ``tasks/`` wrap these methods.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import random
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from components import explorer
-from components.buffer import ExperienceBuffer, campaigns_in, open_run_store, round_dir
+from components.buffer.layout import CampaignStore, campaigns_in, open_run_store, round_dir
+from components.buffer.sampling import Sampler, informative_groups
+from components.buffer.selectors import PassRates, measured_rewards, select_tasks
 from components.config import CampaignConfig
-from components.models import load_model
-from components.rewards import make_reward_fn
-from components.rollout import HFRolloutEngine
-from components.sampling import (
-    drop_stale, drop_zero_variance_groups, first_groups, informative_groups, preference_pairs,
-)
-from components.sync import MemoryWeightSync
-from components.selectors import PassRates, measured_rewards, select_tasks
-from components.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
-from components.trainer import Trainer
-from components.pipelines import run_pipeline
-from components.validation import ContractError, ValidationEntry, check_experiences, enforce
+from components.data.contracts import ContractBounds, ContractError, check_experiences, enforce
+from components.data.pipelines import run_pipeline
+from components.data.report import ValidationEntry
+from components.data.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
+from components.explore import explorer
+from components.explore.engines import HFRolloutEngine
+from components.explore.models import load_model
+from components.explore.rewards import make_reward_fn
+from components.explore.sync import MemoryWeightSync
+from components.preflight import preflight
+from components.train.trainer import Trainer
+
+ROUND = ("explore", "verify", "buffer", "train", "sync")  # a round's stages, in order: one method each
 
 
 class Campaign:
-    """Model copies (trainer + explorer), store, buffer, reward, weight sync for one campaign."""
+    """Model copies (trainer + explorer), store, sampler, reward and weight sync of one campaign.
 
-    def __init__(self, cfg: CampaignConfig, run_dir: str | Path):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
+    ``config`` is a ``CampaignConfig``, a mapping of its keys or a YAML path; it passes
+    ``preflight`` (the validation gate) before anything is loaded or written.
+    """
+
+    def __init__(self, config: CampaignConfig | Mapping[str, Any] | str | Path, run_dir: str | Path | None = None,
+                 overrides: Sequence[str] = ()):
+        checked = preflight(config, run_dir, overrides)
+        cfg = self.cfg = checked.cfg
+        self.run_dir, self.algorithm = checked.run_dir, checked.algorithm
         torch.manual_seed(cfg.seed)
-        self.store = open_run_store(cfg.storage, self.run_dir)
-        self.buffer = ExperienceBuffer(self.store, cfg.name)
+        self.store = CampaignStore(open_run_store(cfg.storage, self.run_dir), cfg.name)
         self.reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
                                             dtype=cfg.model.dtype)
         explorer_model = copy.deepcopy(policy)
         self.engine = HFRolloutEngine(explorer_model, self.tokenizer, batch_size=cfg.explorer.batch_size,
                                       chat_template=cfg.model.chat_template)
-        self.trainer = Trainer(policy, self.tokenizer.pad_token_id, cfg.trainer, cfg.algorithm,
-                               temperature=cfg.explorer.temperature, seed=cfg.seed)
+        self.trainer = Trainer(policy, self.tokenizer.pad_token_id, cfg.trainer, self.algorithm,
+                               temperature=cfg.explorer.temperature)
+        self.sampler = Sampler(self.store, cfg.buffer, self.algorithm, micro_batch_size=cfg.trainer.micro_batch_size,
+                               epochs=cfg.trainer.epochs,
+                               round_rows=cfg.explorer.tasks_per_round * cfg.explorer.repeat_times,
+                               groups_per_round=cfg.explorer.tasks_per_round, seed=cfg.seed)
         self.weights = MemoryWeightSync(self.trainer.unwrapped, explorer_model)
-        self.rng = random.Random(cfg.seed)
         self.validation_log: list[ValidationEntry] = []
 
     # setup -----------------------------------------------------------------------------------
     def prepare(self) -> dict[str, float]:
         """Build the taskset splits and expert demonstrations and store them (idempotent)."""
-        taskset = load_tasks(self.cfg.taskset, self.cfg.seed, self.cfg.contracts)
+        cfg = self.cfg
+        taskset = load_tasks(cfg.taskset, cfg.seed, cfg.contracts)
         train_table = tasks_to_table(taskset.train)
         metrics: dict[str, float] = {}
-        if self.cfg.pipelines.tasks:
-            result = run_pipeline("tasks", train_table, self.cfg.pipelines.tasks, seed=self.cfg.seed,
-                                  prompt_template=self.cfg.taskset.prompt_template,
-                                  pass_rates=self.store_pass_rates())
-            train_table, rejected = recheck_tasks(result.kept, taskset.held_out, self.cfg.contracts)
+        if cfg.pipelines.tasks:
+            result = run_pipeline("tasks", train_table, cfg.pipelines.tasks, seed=cfg.seed,
+                                  prompt_template=cfg.taskset.prompt_template, pass_rates=self.store_pass_rates())
+            train_table, rejected = recheck_tasks(result.kept, taskset.held_out, cfg.contracts)
             dropped = pa.concat_tables([result.dropped, rejected], promote_options="default")
             self._record("tasks pipeline", 0, train_table.num_rows + dropped.num_rows, dropped)
-            self.buffer.write_quarantine("tasks-pipeline", dropped)
+            self.store.write_quarantine("tasks-pipeline", dropped)
             metrics |= {"tasks/pipeline_dropped": dropped.num_rows, "tasks/pipeline_added": result.added}
-        self.buffer.write_quarantine("tasks", taskset.quarantined)
+        self.store.write_quarantine("tasks", taskset.quarantined)
         self._record("tasks contract", 0, taskset.rows_checked, taskset.quarantined)
-        self.buffer.write_tasks("train", train_table)
-        self.buffer.write_tasks("eval", tasks_to_table(taskset.held_out))
+        self.store.write_tasks("train", train_table)
+        self.store.write_tasks("eval", tasks_to_table(taskset.held_out))
         train = tasks_from_table(train_table)
-        expert = explorer.expert_demonstrations(self.engine, train, campaign=self.cfg.name,
-                                                limit=self.cfg.algorithm.expert_tasks or None)
-        verdict = check_experiences(expert, self.cfg.contracts.bounds(), kind="expert")
+        expert = explorer.expert_demonstrations(self.engine, train, campaign=cfg.name,
+                                                limit=cfg.taskset.expert_tasks or None)
+        verdict = check_experiences(expert, ContractBounds.of(cfg.contracts), kind="expert")
         self._record("expert contract", 0, expert.num_rows, verdict.quarantined)
-        self.buffer.write_quarantine("expert", verdict.quarantined)  # kept even if the batch fails below
-        enforce(verdict, self.cfg.contracts.max_bad_fraction, "expert demonstrations")
-        self.buffer.write_expert(verdict.accepted)
+        self.store.write_quarantine("expert", verdict.quarantined)  # kept even if the batch fails below
+        enforce(verdict, cfg.contracts.max_bad_fraction, "expert demonstrations")
+        self.store.write_expert(verdict.accepted)
         return {**metrics, "tasks/train": len(train), "tasks/eval": len(taskset.held_out),
                 "tasks/quarantined": taskset.quarantined.num_rows, "tasks/expert": verdict.accepted.num_rows}
 
@@ -88,7 +101,7 @@ class Campaign:
         """Every checked batch for the validation report: the files ingested into the campaign's
         store (by ``rftflow ingest``, before or during the run), then this run's checks."""
         ingested = [ValidationEntry(f"ingested {r['kind']} file", 0, r["rows"], r["accepted"], r["quarantined"],
-                                    r["reasons"]) for r in self.buffer.ingest_reports()]
+                                    r["reasons"]) for r in self.store.ingest_reports()]
         return [*ingested, *self.validation_log]
 
     def _record(self, stage: str, round_no: int, rows: int, rejected: pa.Table) -> None:
@@ -101,7 +114,7 @@ class Campaign:
 
     @functools.cached_property
     def train_tasks(self) -> list[Task]:
-        return tasks_from_table(self.buffer.read_tasks("train"))
+        return tasks_from_table(self.store.read_tasks("train"))
 
     @functools.cached_property
     def tasks_by_id(self) -> dict[str, Task]:
@@ -109,26 +122,25 @@ class Campaign:
 
     @functools.cached_property
     def eval_tasks(self) -> list[Task]:
-        return tasks_from_table(self.buffer.read_tasks("eval"))
+        return tasks_from_table(self.store.read_tasks("eval"))
 
     def warm_start(self, progress=None) -> dict[str, float]:
         """Expert-only SFT steps before the RL rounds (``trainer.warmup_steps``), then sync."""
         steps = self.cfg.trainer.warmup_steps
         if steps == 0:
             return {}
-        rows = self.buffer.read_expert().to_pylist()
-        last = self.trainer.warm_start(rows, steps, self.cfg.trainer.warmup_lr, progress)
+        last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), self.cfg.trainer.warmup_lr, progress)
         self.weights.sync()
         return {"warmup/steps": float(steps), "warmup/loss_sft": last.get("loss/sft", float("nan"))}
 
-    # stages ----------------------------------------------------------------------------------
+    # the round's stages (ROUND) --------------------------------------------------------------
     def explore(self, round_no: int) -> dict[str, float]:
         """Sample the round's tasks and generate ``repeat_times`` responses each → staging/rollouts.
 
         With dynamic sampling (DAPO), further task batches are explored while fewer than
-        ``tasks_per_round`` groups have unequal rewards (at most ``max_explore_batches`` batches).
+        ``tasks_per_round`` groups have unequal rewards (at most ``explorer.max_explore_batches``).
         """
-        ex, algo = self.cfg.explorer, self.cfg.algorithm
+        ex = self.cfg.explorer
         torch.manual_seed(self.cfg.seed * 1_000_003 + round_no)
         tables, batches = [], 0
         rates = self.pass_rates() if ex.task_selector == "curriculum" else None
@@ -141,30 +153,31 @@ class Campaign:
                 temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=self.weights.version,
                 first_slot=batches * ex.tasks_per_round))
             batches += 1
-            if not algo.setting("dynamic_sampling") or batches == algo.max_explore_batches:
+            if not self.algorithm.dynamic_sampling or batches == ex.max_explore_batches:
                 break
             scored = explorer.score(pa.concat_tables(tables), self.tasks_by_id, self.reward_fn,
                                     self.cfg.reward.function)
             if informative_groups(scored) >= ex.tasks_per_round:
                 break
         table = pa.concat_tables(tables)
-        self.buffer.write_staging(round_no, "rollouts", table)
+        self.store.write_staging(round_no, "rollouts", table)
         lengths = pc.list_value_length(table.column("response_ids"))
         return {"explore/rows": table.num_rows, "explore/batches": batches,
                 "explore/response_len": pc.mean(lengths).as_py() or 0.0}
 
     def verify(self, round_no: int) -> dict[str, float]:
         """Score the rollouts and check the experience contract → staging/verified (with ``reason``)."""
-        scored = explorer.score(self.buffer.read_staging(round_no, "rollouts"), self.tasks_by_id, self.reward_fn,
+        scored = explorer.score(self.store.read_staging(round_no, "rollouts"), self.tasks_by_id, self.reward_fn,
                                 self.cfg.reward.function)
         contracts = self.cfg.contracts
-        verdict = check_experiences(scored, contracts.bounds(max_model_version=self.weights.version,
-                                                             group_size=self.cfg.explorer.repeat_times))
+        bounds = ContractBounds.of(contracts, max_model_version=self.weights.version,
+                                   group_size=self.cfg.explorer.repeat_times)
+        verdict = check_experiences(scored, bounds)
         self._record("experience contract", round_no, scored.num_rows, verdict.quarantined)
         try:
             enforce(verdict, contracts.max_bad_fraction, f"round {round_no} experiences")
         except ContractError:  # the stage fails; its bad rows stay where `buffer show --kind failed` finds them
-            self.buffer.write_quarantine(f"failed/{round_dir(round_no)}", verdict.quarantined)
+            self.store.write_quarantine(f"failed/{round_dir(round_no)}", verdict.quarantined)
             raise
         accepted, rejected = verdict.accepted, verdict.quarantined
         metrics = {}
@@ -175,72 +188,31 @@ class Campaign:
             metrics["pipeline/dropped"] = result.dropped.num_rows
         reasons = pa.array([None] * accepted.num_rows, pa.string())
         verified = pa.concat_tables([accepted.append_column("reason", reasons), rejected])
-        self.buffer.write_staging(round_no, "verified", verified)
+        self.store.write_staging(round_no, "verified", verified)
         rewards = scored.column("reward")
         return {**metrics, "reward/mean": pc.mean(rewards).as_py(), "reward/std": pc.stddev(rewards).as_py() or 0.0,
                 "contract/accepted": verdict.counts["accepted"], "contract/quarantined": verdict.counts["quarantined"]}
 
-    def store_round(self, round_no: int) -> dict[str, float]:
-        """Commit verified rows to the buffer: accepted → experiences/usual, rejected → quarantine."""
-        verified = self.buffer.read_staging(round_no, "verified")
+    def buffer(self, round_no: int) -> dict[str, float]:
+        """Commit verified rows: accepted → experiences/usual, rejected → quarantine; pass rates."""
+        verified = self.store.read_staging(round_no, "verified")
         rejected = pc.is_valid(verified.column("reason"))
         accepted = verified.filter(pc.invert(rejected)).drop_columns(["reason"])
-        self.buffer.write_usual(round_no, accepted)
-        self.buffer.write_quarantine(round_no, verified.filter(rejected))
+        self.store.write_usual(round_no, accepted)
+        self.store.write_quarantine(round_no, verified.filter(rejected))
         rates = self.pass_rates()
         if rates.add_round(round_no, measured_rewards(verified)):
-            self.buffer.write_state("pass_rates", rates.to_state())
+            self.store.write_state("pass_rates", rates.to_state())
         return {"buffer/usual_rows": accepted.num_rows, "tasks/mean_pass_rate": rates.mean()}
 
-    def pass_rates(self) -> PassRates:
-        """Measured pass rates of the training tasks (``state/pass_rates.json``)."""
-        return PassRates(self.buffer.read_state("pass_rates"))
-
-    def store_pass_rates(self) -> PassRates:
-        """Pass rates measured by every campaign in this store (tasks are keyed by question hash,
-        so a task explored by an earlier campaign on the same source has a measured rate)."""
-        return PassRates.merged(ExperienceBuffer(self.store, name).read_state("pass_rates")
-                                for name in campaigns_in(self.store))
-
     def train(self, round_no: int) -> dict[str, float]:
-        """Update the policy on explorer experiences taken from the buffer (FIFO or replay, see
-        ``buffer``) plus sampled expert rows, per algorithm; then mark those experiences consumed."""
-        algo, buf = self.cfg.algorithm, self.cfg.buffer
-        parts, metrics, commit = [], {}, None
-        if algo.uses_explorer:
-            if buf.sampling == "replay":
-                n_rows = buf.train_rows or self.cfg.explorer.tasks_per_round * self.cfg.explorer.repeat_times
-                usual, commit = self.buffer.take_replay(n_rows, self.weights.version, self.rng,
-                                                        decay=buf.priority_decay, reuse_limit=buf.reuse_limit,
-                                                        max_staleness=algo.max_staleness)
-            else:
-                usual, commit = self.buffer.take_fifo(buf.train_rows)
-                if algo.max_staleness is not None:
-                    usual, stale = drop_stale(usual, self.weights.version, algo.max_staleness)
-                    metrics["sample/dropped_stale"] = float(stale)
-            metrics["sample/usual_rows"] = float(usual.num_rows)
-            if algo.setting("dynamic_sampling"):
-                usual, dropped = drop_zero_variance_groups(usual)
-                usual = first_groups(usual, self.cfg.explorer.tasks_per_round)
-                metrics["sample/dropped_groups"] = float(dropped)
-            if self.trainer.pairwise:
-                usual, pairs = preference_pairs(usual)
-                metrics["sample/pairs"] = float(pairs)
-            parts.append(usual)
-        if algo.uses_expert:
-            n_expert = algo.expert_per_round
-            if algo.expert_ratio is not None and algo.uses_explorer:  # a share of the batch, set by the explorer rows
-                n_expert = round(sum(p.num_rows for p in parts) * algo.expert_ratio / (1 - algo.expert_ratio))
-            parts.append(self.buffer.sample_expert(n_expert, self.rng, algo.human_min_reward))
-        batch = pa.concat_tables(parts)
-        sources = Counter(batch.column("source").to_pylist())
-        metrics |= {"sample/expert_rows": sources["expert"], "sample/human_rows": sources["human"]}
-        rows = batch.to_pylist()
+        """Update the policy on the round's batch (see ``buffer.sampling``: explorer rows by FIFO or
+        replay, plus expert rows, mixed and ordered); then mark those explorer rows consumed."""
+        batch = self.sampler.round_batch(self.weights.version)
         lr = self.trainer.round_lr(round_no, self.cfg.rounds)
         self.trainer.set_lr(lr)
-        metrics = {**self.trainer.train(rows), **metrics, "train/lr": lr}
-        if commit is not None:
-            commit()
+        metrics = {**self.trainer.train(batch.rows, batch.steps), **batch.metrics, "train/lr": lr}
+        batch.commit()
         return metrics
 
     def sync(self, round_no: int) -> dict[str, float]:
@@ -248,23 +220,33 @@ class Campaign:
         return {"sync/weight_version": float(self.weights.sync())}
 
     def run_round(self, round_no: int) -> dict[str, float]:
-        """All five stages of a round in order, without Prefect (tests, benchmarks, notebooks)."""
+        """The stages of ``ROUND`` in order, without Prefect (tests, benchmarks, notebooks)."""
         metrics: dict[str, float] = {}
-        for stage in (self.explore, self.verify, self.store_round, self.train, self.sync):
-            metrics |= stage(round_no)
+        for stage in ROUND:
+            metrics |= getattr(self, stage)(round_no)
         return metrics
+
+    # pass rates, evaluation, results ---------------------------------------------------------
+    def pass_rates(self) -> PassRates:
+        """Measured pass rates of the training tasks (``state/pass_rates.json``)."""
+        return PassRates(self.store.read_state("pass_rates"))
+
+    def store_pass_rates(self) -> PassRates:
+        """Pass rates measured by every campaign in this store (tasks are keyed by question hash,
+        so a task explored by an earlier campaign on the same source has a measured rate)."""
+        return PassRates.merged(CampaignStore(self.store.objects, name).read_state("pass_rates")
+                                for name in campaigns_in(self.store.objects))
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy of the explorer's (latest synced) model on the held-out split."""
         return explorer.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.eval.max_new_tokens)
 
-    # results ---------------------------------------------------------------------------------
     def save_model(self, out_dir: str | Path) -> Path:
         """The trained policy + tokenizer in Hugging Face format, also copied to the store."""
         out = Path(out_dir)
         self.trainer.unwrapped.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
-        prefix = self.buffer.checkpoint_prefix(self.weights.version)
+        prefix = self.store.checkpoint_prefix(self.weights.version)
         for f in sorted(out.iterdir()):
-            self.store.put(f"{prefix}/{f.name}", f.read_bytes())
+            self.store.objects.put(f"{prefix}/{f.name}", f.read_bytes())
         return out

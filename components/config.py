@@ -6,13 +6,18 @@ Unknown keys and bad values fail before any work starts, with one line naming th
 
 from __future__ import annotations
 
-import os
+import copy
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from components.algorithms.aggregation import AggMode
+from components.algorithms.presets import PRESET_NAMES, Algorithm, resolve
+from components.buffer.store import redact_url
 
 
 class ConfigError(ValueError):
@@ -48,6 +53,10 @@ class TasksetConfig(_Section):
         description="Python format string for the prompt; fields: `question`, `answer` and metadata keys "
         "(e.g. `{expression} =` for reasoning-gym arithmetic).",
     )
+    expert_tasks: int = Field(
+        0, ge=0, description="Train tasks that get an expert demonstration (their gold answer); 0 = all. "
+        "Fewer than all leaves tasks that only the explorer's reward can teach, as when demonstrations are scarce.",
+    )
     question_key: str = Field("question", description="File tasksets: the column holding the question.")
     answer_key: str = Field("answer", description="File tasksets: the column holding the gold answer.")
 
@@ -61,60 +70,33 @@ class RewardConfig(_Section):
 
 
 class ExplorerConfig(_Section):
-    engine: Literal["hf"] = Field("hf", description="Rollout engine: `hf` (transformers generate, batched).")
     tasks_per_round: int = Field(32, gt=0, description="Tasks sampled per round.")
     repeat_times: int = Field(8, gt=0, description="Responses per task: the GRPO group size.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 keeps log-probs on-policy).")
     max_new_tokens: int = Field(16, gt=0, description="Longest response, in tokens.")
     batch_size: int = Field(256, gt=0, description="Sequences generated per forward batch.")
     task_selector: Literal["sequential", "shuffle", "random", "curriculum"] = Field(
-        "shuffle", description="Which tasks each round explores (see components.selectors): in taskset order, "
+        "shuffle", description="Which tasks each round explores (see components.buffer.selectors): in taskset order, "
         "a seeded shuffle per pass, an independent sample per round, or a curriculum by measured pass rate.",
     )
     curriculum_target: float = Field(
         0.5, ge=0, le=1, description="Curriculum: prefer tasks whose estimated pass rate is closest to this."
     )
-
-
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-
-# Presets: which advantage and policy loss each named algorithm uses, with its defaults.
-# Every entry can be overridden by the `algorithm.*` key of the same name.
-ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
-    "sft": dict(advantage=None, loss="sft", agg="token-mean", uses_explorer=False, uses_expert=True),
-    "grpo": dict(advantage="grpo", loss="ppo_clip", agg="token-mean"),
-    # Dr. GRPO (arXiv:2503.20783): no std division, constant length normaliser.
-    "dr_grpo": dict(advantage="grpo", advantage_options={"std_normalize": False}, loss="ppo_clip",
-                    agg="seq-mean-token-sum-norm"),
-    # DAPO (arXiv:2503.14476): clip-higher, token-level loss, dynamic sampling.
-    "dapo": dict(advantage="grpo", loss="ppo_clip", clip_high=0.28, agg="token-mean", dynamic_sampling=True),
-    "rloo": dict(advantage="rloo", loss="ppo_clip", agg="token-mean"),
-    "reinforce_pp": dict(advantage="reinforce_pp", advantage_options={"baseline": True}, loss="ppo_clip",
-                         agg="token-mean"),
-    # GSPO (arXiv:2507.18071): sequence-level ratio, tiny clip range, sequence-mean loss.
-    "gspo": dict(advantage="grpo", loss="ppo_clip", ratio_level="sequence", clip_low=3e-4, clip_high=4e-4,
-                 agg="seq-mean-token-mean"),
-    # OPMD (Trinity-RFT; Kimi k1.5): soft-max group baseline, −A·log π / (1 + τ).
-    "opmd": dict(advantage="opmd", loss="opmd", agg="token-mean"),
-    "mix": dict(advantage="grpo", loss="mix", agg="token-mean", uses_expert=True),
-    # PPO (arXiv:1707.06347) with a critic: token-level GAE advantages, clipped value loss.
-    "ppo": dict(advantage="gae", advantage_options={"gamma": 1.0, "lam": 0.95}, loss="ppo_clip", agg="token-mean"),
-    # Online DPO (arXiv:2305.18290): each group's best vs worst responses as (chosen, rejected) pairs.
-    "dpo": dict(advantage=None, loss="dpo", agg="token-mean"),
-}
-_PRESET_DEFAULTS: dict[str, Any] = dict(
-    advantage_options={}, clip_low=0.2, clip_high=0.2, dual_clip=None, ratio_level="token", tau=1.0,
-    dynamic_sampling=False,
-    uses_explorer=True, uses_expert=False,
-)
+    max_explore_batches: int = Field(
+        4, gt=0, description="Dynamic sampling (DAPO): the most task batches one round explores to find "
+        "`tasks_per_round` groups whose rewards differ.",
+    )
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["sft", "grpo", "dr_grpo", "dapo", "ppo", "rloo", "reinforce_pp", "gspo", "opmd", "mix", "dpo"] = Field(
+    """The algorithm: a preset (``components.algorithms.presets``) and overrides of its parts.
+    Keys left unset (None) take the preset's value; ``resolve`` merges them once per campaign."""
+
+    name: Literal[PRESET_NAMES] = Field(  # type: ignore[valid-type]
         "mix",
-        description="A preset (see ALGORITHM_PRESETS): `sft` NLL on expert rows only; `grpo`, `dr_grpo`, "
-        "`dapo`, `rloo`, `reinforce_pp`, `gspo`: PPO-clip on explorer rows with that advantage/clip/aggregation; "
-        "`ppo`: PPO-clip with token-level GAE from a critic model; "
+        description="A preset (see components.algorithms.presets): `sft` NLL on expert rows only; `grpo`, "
+        "`dr_grpo`, `dapo`, `rloo`, `reinforce_pp`, `gspo`: PPO-clip on explorer rows with that "
+        "advantage/clip/aggregation; `ppo`: PPO-clip with token-level GAE from a critic model; "
         "`opmd`: −A·log π / (1 + τ) with a soft-max group baseline; "
         "`dpo`: DPO against the frozen start policy on (best, worst) response pairs of each group; "
         "`mix`: (1 − mu)·GRPO on explorer rows + mu·SFT on expert rows. Keys left unset take the preset's value.",
@@ -142,13 +124,9 @@ class AlgorithmConfig(_Section):
     dynamic_sampling: bool | None = Field(
         None, description="DAPO dynamic sampling: drop groups whose rewards are all equal (they carry no signal) "
         "and explore more tasks until `explorer.tasks_per_round` groups with signal are found "
-        "(at most `max_explore_batches` batches).",
-    )
-    max_explore_batches: int = Field(
-        4, gt=0, description="Dynamic sampling: most task batches one round explores to fill its groups."
+        "(at most `explorer.max_explore_batches` batches).",
     )
     beta: float = Field(0.1, gt=0, description="DPO: β, the strength of the implicit KL to the reference model.")
-    critic_lr: float | None = Field(None, gt=0, description="PPO critic learning rate (default: `trainer.lr`).")
     value_clip: float | None = Field(
         0.2, gt=0, description="PPO critic: clip the new value to old ± this in the value loss (None: no clip)."
     )
@@ -163,47 +141,13 @@ class AlgorithmConfig(_Section):
     )
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus: subtract this × mean token entropy from the loss.")
     max_staleness: int | None = Field(
-        None, ge=0, description="Drop explorer experiences produced more than this many weight versions ago."
-    )
-    expert_tasks: int = Field(
-        0, ge=0, description="Train tasks that get an expert demonstration (their gold answer); 0 = all. "
-        "Fewer than all leaves tasks that only the explorer's reward can teach, as when demonstrations are scarce.",
-    )
-    expert_per_round: int = Field(
-        0, ge=0, description="Expert rows (gold demonstrations, ingested demonstrations and corrections, well-rated "
-        "human feedback) sampled into each round's training data."
-    )
-    expert_ratio: float | None = Field(
-        None, ge=0, lt=1, description="MIX sample strategy (Trinity-RFT `expert_data_ratio`): expert rows make up "
-        "this fraction of the round's training rows, ratio/(1 − ratio) per explorer row, and of every micro-batch "
-        "(±1 row). None: `expert_per_round` rows, shuffled in with the rest.",
-    )
-    human_min_reward: float | None = Field(
-        1.0, description="Human-rated responses (`rftflow ingest feedback`) with at least this rating are sampled "
-        "as demonstrations with the expert rows; None leaves them out.",
+        None, ge=0, description="Train on no explorer experience produced more than this many weight versions ago "
+        "(AReaL's staleness bound η).",
     )
 
-    def setting(self, key: str) -> Any:
-        """The effective value of ``key``: set in config, else the preset's, else the common default."""
-        own = getattr(self, key) if key in type(self).model_fields else None
-        preset = ALGORITHM_PRESETS[self.name].get(key, _PRESET_DEFAULTS.get(key))
-        if key == "advantage_options":  # merged over the preset's, which apply to the preset's advantage only
-            same = self.setting("advantage") == ALGORITHM_PRESETS[self.name].get("advantage")
-            return {**(preset if same else {}), **(own or {})}
-        return own if own is not None else preset
-
-    @property
-    def uses_explorer(self) -> bool:
-        return self.setting("uses_explorer")
-
-    @property
-    def uses_expert(self) -> bool:
-        return self.setting("uses_expert")
-
-    def loss_options(self) -> dict[str, Any]:
-        """Keyword options every registered policy loss receives (each uses the ones it needs)."""
-        return {**{k: self.setting(k) for k in ("clip_low", "clip_high", "dual_clip", "ratio_level", "agg", "tau")},
-                "mu": self.mu, "beta": self.beta}
+    def resolve(self) -> Algorithm:
+        """This section merged over its preset, parts looked up (``ValueError`` naming the key)."""
+        return resolve(**self.model_dump())
 
 
 class TrainerConfig(_Section):
@@ -216,6 +160,7 @@ class TrainerConfig(_Section):
         "None keeps `lr` constant.",
     )
     epochs: int = Field(1, gt=0, description="Passes over each round's training rows (PPO epochs).")
+    critic_lr: float | None = Field(None, gt=0, description="PPO critic learning rate (default: `lr`).")
     warmup_steps: int = Field(
         0, ge=0, description="Expert-only SFT steps before round 1 (a warm start; 0 = none)."
     )
@@ -240,20 +185,12 @@ class ContractsConfig(_Section):
     max_response_tokens: int = Field(4096, gt=0, description="Longest valid response, in tokens.")
     max_text_chars: int = Field(100_000, gt=0, description="Longest valid text field (question, prompt, answer, …).")
 
-    def bounds(self, **extra: Any):
-        """These limits as ``validation.ContractBounds`` (``extra``: group_size, max_model_version)."""
-        from components.validation import ContractBounds
-
-        return ContractBounds(reward_min=self.reward_min, reward_max=self.reward_max,
-                              max_prompt_tokens=self.max_prompt_tokens, max_response_tokens=self.max_response_tokens,
-                              max_text_chars=self.max_text_chars, **extra)
-
 
 class PipelinesConfig(_Section):
     tasks: list[dict[str, Any]] = Field(
         default_factory=list, description="Task pipeline, applied in order to the train split when the campaign "
         "is prepared: steps like `{op: normalize}`, `{op: length_filter, max_chars: 200}`, `{op: dedupe}`, "
-        "`{op: synthesize, dataset: chain_sum, n: 1000, params: {max_digits: 1}}` (see components.pipelines).",
+        "`{op: synthesize, dataset: chain_sum, n: 1000, params: {max_digits: 1}}` (see components.data.pipelines).",
     )
     experiences: list[dict[str, Any]] = Field(
         default_factory=list, description="Experience pipeline, applied in order to each round's accepted rows "
@@ -274,6 +211,19 @@ class BufferConfig(_Section):
     )
     priority_decay: float = Field(1.0, ge=0, description="Replay: priority lost per use of a group.")
     reuse_limit: int = Field(2, gt=0, description="Replay: the most times one group is trained on.")
+    expert_per_round: int = Field(
+        0, ge=0, description="Expert rows (gold demonstrations, ingested demonstrations and corrections, well-rated "
+        "human feedback) sampled into each round's training data, for presets that train on them (sft, mix).",
+    )
+    expert_ratio: float | None = Field(
+        None, ge=0, lt=1, description="MIX sample strategy (Trinity-RFT `expert_data_ratio`): expert rows make up "
+        "this fraction of the round's training rows, ratio/(1 − ratio) per explorer row, and of every micro-batch "
+        "(±1 row). None: `expert_per_round` rows, shuffled in with the rest.",
+    )
+    human_min_reward: float | None = Field(
+        1.0, description="Human-rated responses (`rftflow ingest feedback`) with at least this rating are sampled "
+        "as demonstrations with the expert rows; None leaves them out.",
+    )
 
 
 class StorageConfig(_Section):
@@ -304,14 +254,6 @@ class StorageConfig(_Section):
             raise ValueError("credentials do not belong in a URL; use the AWS credential chain "
                              "(AWS_ACCESS_KEY_ID, AWS_PROFILE, ...)")
         return url
-
-    def store_options(self) -> dict[str, Any]:
-        """Keyword options for ``open_store`` (S3 only; credentials come from the AWS chain, never
-        config). Unset checksum and attempts defer to the AWS environment, then to our defaults."""
-        env = os.environ
-        return {"endpoint_url": self.endpoint_url, "region": self.region, "addressing_style": self.addressing_style,
-                "checksum": self.checksum or (None if env.get("AWS_REQUEST_CHECKSUM_CALCULATION") else "when_required"),
-                "max_attempts": self.max_attempts or (None if env.get("AWS_MAX_ATTEMPTS") else 5)}
 
 
 class TrackingConfig(_Section):
@@ -344,11 +286,32 @@ class CampaignConfig(_Section):
             raise ValueError("at most 999999 rounds (object keys carry a 6-digit round)")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """Keys that moved to another section fail with the new key's name."""
+        for old, new in MOVED_KEYS.items():
+            section, key = old.split(".")
+            if isinstance(data, dict) and isinstance(data.get(section), dict) and key in data[section]:
+                raise ValueError(f"config key {old!r} moved to {new!r}")
+        return data
+
     @model_validator(mode="after")
     def _cross_checks(self) -> CampaignConfig:
-        if self.algorithm.name == "sft" and self.algorithm.expert_per_round == 0:
-            raise ValueError("algorithm.expert_per_round must be > 0 for `sft` (it trains on expert rows only)")
+        if self.algorithm.name == "sft" and self.buffer.expert_per_round == 0:
+            raise ValueError("buffer.expert_per_round must be > 0 for `sft` (it trains on expert rows only)")
         return self
+
+
+# Keys that left the algorithm section in 0.2 (they are about the explorer, buffer, trainer or taskset).
+MOVED_KEYS = {
+    "algorithm.expert_per_round": "buffer.expert_per_round",
+    "algorithm.expert_ratio": "buffer.expert_ratio",
+    "algorithm.human_min_reward": "buffer.human_min_reward",
+    "algorithm.expert_tasks": "taskset.expert_tasks",
+    "algorithm.max_explore_batches": "explorer.max_explore_batches",
+    "algorithm.critic_lr": "trainer.critic_lr",
+}
 
 
 def _apply_override(data: dict, assignment: str) -> None:
@@ -377,18 +340,24 @@ def _describe(error: ValidationError) -> str:
         return f"unknown config key {key!r}"
     got = first.get("input")
     if isinstance(got, str) and "@" in got:  # a URL's user:password never reaches a message
-        from components.storage import redact_url
-
         got = redact_url(got)
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
     return f"config key {key!r}: {first['msg']}{shown}"
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CampaignConfig:
-    """Read YAML at ``path`` (None = all defaults), apply ``key.path=value`` overrides, validate."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
+def load_config(source: CampaignConfig | Mapping[str, Any] | str | Path | None = None,
+                overrides: Sequence[str] = ()) -> CampaignConfig:
+    """A validated config from ``source`` — a YAML file's path, a mapping of config keys, a
+    ``CampaignConfig``, or None (all defaults) — with ``key.path=value`` overrides applied."""
+    where = "<defaults>"
+    if isinstance(source, CampaignConfig):
+        if not overrides:
+            return source
+        data, where = source.model_dump(mode="json"), "<config>"
+    elif isinstance(source, Mapping):
+        data, where = copy.deepcopy(dict(source)), "<config>"
+    elif source is not None:
+        p, where = Path(source), str(source)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
@@ -397,9 +366,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: a campaign config must be a mapping, got {type(data).__name__}")
+    else:
+        data = {}
     for assignment in overrides:
         _apply_override(data, assignment)
     try:
         return CampaignConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{path or '<defaults>'}: {_describe(e)}") from None
+        raise ConfigError(f"{where}: {_describe(e)}") from None

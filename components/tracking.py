@@ -73,10 +73,6 @@ class Tracker:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        for k, v in tags.items():
-            self.client.set_tag(self.run_id, k, v)
-
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> str:
         """Upload a directory; returns its artifact URI."""
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)

@@ -1,5 +1,6 @@
 """The ``rft_campaign`` flow: prepare, (warm start), then rounds of explore → verify → buffer →
-train → sync, held-out evaluation every k rounds, and the final model registered in MLflow."""
+train → sync (``components.campaign.ROUND``), held-out evaluation every k rounds, and the final
+model registered in MLflow."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ from typing import Any
 
 from prefect import flow, runtime
 from prefect.artifacts import create_markdown_artifact
+from prefect.states import Failed, State
 
-from components.campaign import Campaign
-from components.config import CampaignConfig, load_config
+from components.campaign import ROUND, Campaign
+from components.config import ConfigError
+from components.data.report import validation_report
+from components.preflight import preflight
 from components.tracking import Tracker
-from components.validation import validation_report
 from flows.progress import CampaignProgress
 from tasks.register import register
-from tasks.stages import buffer, evaluate, explore, prepare, sync, train, verify, warm_start
-
-ROUND = (explore, verify, buffer, train, sync)
+from tasks.stages import ROUND_TASKS, evaluate, prepare, warm_start
 
 
 def _summary_markdown(summary: dict[str, Any]) -> str:
@@ -29,7 +30,13 @@ def _summary_markdown(summary: dict[str, Any]) -> str:
 
 
 def _flow_run_name() -> str:
-    config = runtime.flow_run.parameters["config"]
+    """The campaign's name: a ``name=`` override, else the config mapping's name or the YAML file's stem."""
+    params = runtime.flow_run.parameters
+    for assignment in reversed(params.get("overrides") or []):
+        key, _, value = assignment.partition("=")
+        if key.strip() == "name":
+            return value.strip()
+    config = params["config"]
     return str(config.get("name", "campaign")) if isinstance(config, dict) else Path(config).stem
 
 
@@ -42,18 +49,23 @@ def _validation_report(campaign: Campaign, tracker: Tracker, out: Path) -> tuple
 
 
 @flow(name="rft_campaign", flow_run_name=_flow_run_name)
-def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, show_progress: bool = False) -> dict[str, Any]:
+def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overrides: list[str] | None = None,
+                 show_progress: bool = False) -> dict[str, Any] | State:
     """Run one campaign into ``run_dir`` (default ``runs/<name>``); returns (and writes) its summary.
 
-    ``config`` is a campaign config mapping, or the path of a campaign YAML file.
+    ``config`` is a campaign config mapping, or the path of a campaign YAML file; ``overrides``
+    are ``key.path=value`` strings (``--set``). Bad input fails in ``preflight``, before any work:
+    the flow run ends Failed with its one-line reason (no traceback), and a direct call raises it.
     """
-    cfg = load_config(config) if isinstance(config, str) else CampaignConfig.model_validate(config)
-    out = Path(run_dir or Path("runs") / cfg.name).resolve()
+    try:
+        checked = preflight(config, run_dir, overrides or ())
+    except ConfigError as e:
+        return Failed(message=str(e), data=e)
+    cfg, out = checked.cfg, checked.run_dir
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     flow_run_id = str(runtime.flow_run.id or "")
-    tracking_uri = cfg.tracking.uri or f"sqlite:///{out / 'mlflow.db'}"
-    tracker = Tracker(tracking_uri, cfg.tracking.experiment, cfg.name, artifact_root=out / "mlartifacts",
+    tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, cfg.name, artifact_root=out / "mlartifacts",
                       tags={"campaign": cfg.name, "prefect.flow_run_id": flow_run_id})
     try:
         tracker.log_params(cfg.model_dump(mode="json"))
@@ -67,7 +79,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, show_
             for r in range(1, cfg.rounds + 1):
                 last = {}
                 for stage in ROUND:
-                    last |= stage(campaign, tracker, r)
+                    last |= ROUND_TASKS[stage](campaign, tracker, r)
                 if r % cfg.eval.every == 0 or r == cfg.rounds:
                     after = evaluate(campaign, tracker, r)["eval/accuracy"]
                 progress.round_done(r, last.get("reward/mean", float("nan")), after)
@@ -77,7 +89,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, show_
         summary = {
             "campaign": cfg.name, "eval_accuracy_before": before, "eval_accuracy_after": after,
             "rounds": cfg.rounds, "reward_mean_last_round": last.get("reward/mean"),
-            "wall_seconds": round(time.perf_counter() - started, 1), "mlflow_tracking_uri": tracking_uri,
+            "wall_seconds": round(time.perf_counter() - started, 1), "mlflow_tracking_uri": checked.tracking_uri,
             "mlflow_run_id": tracker.run_id, **model, "store_url": campaign.store.url,
             "prefect_flow_run_id": flow_run_id, "run_dir": str(out), "validation_report": str(report),
             "validation_report_mlflow": report_uri,

@@ -28,6 +28,17 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _preflight(config: Path | None, run_dir: Path | None, overrides: list[str]):
+    """The validation gate (``components.preflight``); its one-line error ends the command."""
+    from components.config import ConfigError
+    from components.preflight import preflight
+
+    try:
+        return preflight(config or DEFAULT_CONFIG, run_dir, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+
+
 @app.command()
 def run(
     config: Annotated[Optional[Path], typer.Argument(help="Campaign YAML (default: configs/arith-mix.yaml).")] = None,
@@ -36,23 +47,13 @@ def run(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
     """Run a campaign to the end and print its summary."""
-    from components.algorithms import check_algorithm
-    from components.config import ConfigError, load_config
-    from components.pipelines import check_pipelines
-    from components.tasksets import TasksetError, check_taskset
-
     if progress:  # the bars report progress; Prefect's per-task INFO lines still reach its API and UI
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    try:
-        cfg = load_config(config or DEFAULT_CONFIG, overrides)
-        check_taskset(cfg.taskset, cfg.contracts)
-        check_algorithm(cfg.algorithm)
-        check_pipelines(cfg.pipelines)
-    except (ConfigError, TasksetError) as e:
-        _fail(str(e))
+    checked = _preflight(config, run_dir, overrides)  # the flow passes it too; here it fails before Prefect starts
     from flows.campaign import rft_campaign
 
-    summary = rft_campaign(cfg.model_dump(mode="json"), str(run_dir) if run_dir else None, show_progress=progress)
+    cfg = checked.cfg
+    summary = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), show_progress=progress)
     table = Table(title=f"campaign {cfg.name}", show_header=False)
     for key in ("eval_accuracy_before", "eval_accuracy_after", "rounds", "wall_seconds", "model_name",
                 "model_version", "mlflow_run_id", "store_url"):
@@ -72,12 +73,12 @@ RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only this roun
 
 
 def _open_buffer(location: str, campaign: str | None):
-    """An ``ExperienceBuffer`` for a run dir (its store as the run recorded it, see
+    """A ``CampaignStore`` for a run dir (its store as the run recorded it, see
     ``open_run_store``) or a store URL (S3 settings from the AWS environment)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from components.buffer import ExperienceBuffer, campaigns_in, recorded_store
-    from components.storage import open_store
+    from components.buffer.layout import CampaignStore, campaigns_in, recorded_store
+    from components.buffer.store import open_store
 
     options = {}
     if "://" not in location:
@@ -98,12 +99,12 @@ def _open_buffer(location: str, campaign: str | None):
         campaign = names[0]
     elif campaign not in names:
         _fail(f"{location}: no campaign {campaign!r}; found: {', '.join(names) or 'none'}")
-    return ExperienceBuffer(store, campaign)
+    return CampaignStore(store, campaign)
 
 
-def _read(buffer, kind: str, round_no: int | None):
+def _read(store, kind: str, round_no: int | None):
     try:
-        return buffer.read_kind(kind, round_no)
+        return store.read_kind(kind, round_no)
     except KeyError as e:
         _fail(e.args[0])
 
@@ -111,11 +112,11 @@ def _read(buffer, kind: str, round_no: int | None):
 @buffer_app.command("ls")
 def buffer_ls(store: StoreArg, campaign: CampaignOpt = None) -> None:
     """Rows stored per kind, round and source."""
-    buffer = _open_buffer(store, campaign)
-    table = Table(title=f"campaign {buffer.campaign} in {buffer.store.url}")
+    opened = _open_buffer(store, campaign)
+    table = Table(title=f"campaign {opened.campaign} in {opened.url}")
     for column in ("kind", "round", "source", "rows"):
         table.add_column(column, justify="right" if column in ("round", "rows") else "left")
-    for row in buffer.counts():
+    for row in opened.counts():
         table.add_row(row["kind"], "" if row["round"] is None else str(row["round"]), row["source"], str(row["rows"]))
     Console().print(table)
 
@@ -165,21 +166,15 @@ ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write the o
 
 def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, overrides: list[str],
             report: Path | None) -> None:
-    from components.buffer import ExperienceBuffer, open_run_store
-    from components.config import ConfigError, load_config
-    from components.feedback import store_ingested, validate_file
-    from components.models import load_model
-    from components.tasksets import TasksetError
-    from components.validation import ContractError
+    from components.buffer.layout import CampaignStore, open_run_store
+    from components.data.contracts import ContractError
+    from components.data.ingest import store_ingested, validate_file
+    from components.data.tasksets import TasksetError
+    from components.explore.models import load_model
 
-    try:
-        cfg = load_config(config or DEFAULT_CONFIG, overrides)
-    except ConfigError as e:
-        _fail(str(e))
-    try:
-        buffer = ExperienceBuffer(open_run_store(cfg.storage, (run_dir or Path("runs") / cfg.name).resolve()), cfg.name)
-    except ValueError as e:
-        _fail(str(e))
+    checked = _preflight(config, run_dir, overrides)
+    cfg = checked.cfg
+    store = CampaignStore(open_run_store(cfg.storage, checked.run_dir), cfg.name)
     _, tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download)
     try:
         result = validate_file(file, kind, cfg.name, tokenizer, cfg.contracts, chat_template=cfg.model.chat_template)
@@ -187,14 +182,14 @@ def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, ov
         _fail(str(e))
     outcome = result.report()
     try:
-        outcome["new"] = store_ingested(result, buffer, cfg.contracts.max_bad_fraction)
+        outcome["new"] = store_ingested(result, store, cfg.contracts.max_bad_fraction)
         outcome["stored"] = True
     except ContractError as e:
         outcome["stored"], outcome["error"] = False, str(e)
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(outcome, indent=2) + "\n")
-    table = Table(title=f"{kind} {file} → campaign {cfg.name} ({buffer.store.url})", show_header=False)
+    table = Table(title=f"{kind} {file} → campaign {cfg.name} ({store.url})", show_header=False)
     for key in ("rows", "accepted", "quarantined"):
         table.add_row(key, str(outcome[key]))
     for source, n in outcome["by_source"].items():
@@ -205,7 +200,7 @@ def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, ov
     if not outcome["stored"]:
         _fail(outcome["error"])
     if not outcome["new"]:
-        Console().print(f"already ingested (ingest={outcome['ingest_id']}): nothing new stored")
+        Console().print(f"already ingested (ingest-{outcome['ingest_id']}): nothing new stored")
 
 
 @ingest_app.command("feedback")

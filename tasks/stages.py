@@ -1,5 +1,6 @@
 """The campaign's stage tasks: one ``Campaign`` method each, timed and logged to MLflow at
-step = round. Task runs are named by stage and round (``explore[r=3]``) for the Prefect UI.
+step = round. Task runs are named by stage and round (``explore[r=3]``) for the Prefect UI;
+``ROUND_TASKS`` maps each stage of ``components.campaign.ROUND`` to its task (the flow walks ``ROUND``).
 
 They receive the ``Campaign`` (models inside), hence ``cache_policy=NO_CACHE``: Prefect must
 never pickle or hash it. Retries only where the work is idempotent IO, and never after a data
@@ -15,8 +16,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from components.campaign import Campaign
+from components.data.contracts import ContractError
 from components.tracking import Tracker
-from components.validation import ContractError
 
 
 def not_a_contract(_task, _task_run, state) -> bool:
@@ -66,7 +67,7 @@ def verify(campaign: Campaign, tracker: Tracker, round_no: int) -> dict[str, flo
 @task(name="buffer", task_run_name="buffer[r={round_no}]", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def buffer(campaign: Campaign, tracker: Tracker, round_no: int) -> dict[str, float]:
     """Commit verified experiences to the buffer and rejected ones to quarantine (idempotent)."""
-    return tracked("buffer", round_no, tracker, lambda: campaign.store_round(round_no))
+    return tracked("buffer", round_no, tracker, lambda: campaign.buffer(round_no))
 
 
 @task(name="train", task_run_name="train[r={round_no}]", cache_policy=NO_CACHE)
@@ -85,3 +86,6 @@ def sync(campaign: Campaign, tracker: Tracker, round_no: int) -> dict[str, float
 def evaluate(campaign: Campaign, tracker: Tracker, round_no: int) -> dict[str, float]:
     """Greedy accuracy on the held-out split, logged at step = round (0 = before the RL rounds)."""
     return tracked("evaluate", round_no, tracker, campaign.evaluate)
+
+
+ROUND_TASKS = {"explore": explore, "verify": verify, "buffer": buffer, "train": train, "sync": sync}  # keys: ROUND

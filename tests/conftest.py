@@ -1,14 +1,48 @@
-"""Shared fixtures: a private model cache, quiet service defaults, a Prefect test API."""
+"""Shared fixtures: a private model cache, quiet service defaults, a Prefect test API, an S3 server,
+the default campaign config and the overrides that make it small, and registries left as found."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("RFTFLOW_CACHE_DIR", tempfile.mkdtemp(prefix="rftflow-cache-"))
 import flows  # noqa: E402,F401  (applies the quiet service defaults before Prefect is imported)
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
+# The default campaign cut to a few seconds: 300 tasks (10 held out), 2 rounds of 4 tasks × 4
+# responses, 2 warm-start steps, 8 demonstrations a round, micro-batches of 16.
+SMALL = ("rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2",
+         "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
+         "buffer.expert_per_round=8")
+
+
+@pytest.fixture(scope="session")
+def default_config() -> Path:
+    """configs/arith-mix.yaml, the campaign ``rftflow run`` runs by default."""
+    return DEFAULT_CONFIG
+
+
+@pytest.fixture(scope="session")
+def small() -> tuple[str, ...]:
+    """``--set`` overrides that make the default campaign small (see ``SMALL``); add your own after them."""
+    return SMALL
+
+
+@pytest.fixture(autouse=True)
+def _registries_restored():
+    """Advantages, losses and pipeline operators a test registers are gone after it."""
+    from components.algorithms.registry import _REGISTRIES
+    from components.data.pipelines import _OPERATORS
+
+    saved = [(registry, dict(registry)) for registry in (*_REGISTRIES.values(), *_OPERATORS.values())]
+    yield
+    for registry, before in saved:
+        registry.clear()
+        registry.update(before)
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +57,7 @@ def prefect_api():
 @pytest.fixture(scope="session")
 def tiny():
     """builtin:tiny, built once, loaded like any local model directory."""
-    from components.models import load_model
+    from components.explore.models import load_model
 
     return load_model("builtin:tiny")
 

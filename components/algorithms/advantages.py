@@ -9,11 +9,32 @@ import torch
 from components.algorithms.registry import register_advantage
 
 
-def _group_index(group_ids: Sequence) -> tuple[torch.Tensor, int]:
-    """Map arbitrary group ids (strings or ints) to dense indices 0..G-1, in order of appearance."""
+def _ids(group_ids: Sequence | torch.Tensor) -> Sequence:
+    """Group ids as plain values: a 1-D tensor or NumPy array becomes a list (tensor elements
+    hash by identity, so used as dict keys every row would be its own group)."""
+    if hasattr(group_ids, "tolist"):  # torch.Tensor, numpy.ndarray
+        if group_ids.ndim != 1:
+            raise ValueError(f"group_ids must be one-dimensional, got shape {tuple(group_ids.shape)}")
+        return group_ids.tolist()
+    return group_ids
+
+
+def _group_index(group_ids: Sequence | torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Map group ids (strings or ints; a list, a NumPy array or a 1-D tensor) to dense indices
+    0..G-1, in order of appearance."""
     dense: dict = {}
-    index = [dense.setdefault(g, len(dense)) for g in group_ids]
+    index = [dense.setdefault(g, len(dense)) for g in _ids(group_ids)]
     return torch.tensor(index, dtype=torch.long), len(dense)
+
+
+def _rewards(rewards: torch.Tensor | Sequence[float], group_ids: Sequence | torch.Tensor) -> torch.Tensor:
+    """Rewards as a float32 (B,) tensor (a list or array is converted), as long as ``group_ids``."""
+    group_ids = _ids(group_ids)
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)  # (B,)
+    if rewards.dim() != 1 or rewards.shape[0] != len(group_ids):
+        raise ValueError(f"rewards must be (B,) with B = len(group_ids) = {len(group_ids)}, got shape "
+                         f"{tuple(rewards.shape)}")
+    return rewards
 
 
 def _group_stats(values: torch.Tensor, index: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,9 +62,9 @@ def grpo_advantages(
     response has std 0 by convention (not NaN), so its advantage is 0; a group whose rewards are
     all equal gets advantage 0.
 
-    rewards: (B,) float; group_ids: B hashable ids. Returns (B,).
+    rewards: (B,) float; group_ids: B ids (a list, array or tensor). Returns (B,).
     """
-    rewards = rewards.to(torch.float32)  # (B,)
+    rewards = _rewards(rewards, group_ids)  # (B,)
     index, n_groups = _group_index(group_ids)  # (B,)
     count, mean = _group_stats(rewards, index, n_groups)  # (G,), (G,)
     centred = rewards - mean[index]  # (B,)
@@ -64,7 +85,7 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence) -> torch.Tensor:
 
     A_i = r_i − (Σ_{j∈g, j≠i} r_j) / (G − 1) = G/(G − 1) · (r_i − mean_g(r)); 0 for a group of one.
     """
-    rewards = rewards.to(torch.float32)  # (B,)
+    rewards = _rewards(rewards, group_ids)  # (B,)
     index, n_groups = _group_index(group_ids)
     count, mean = _group_stats(rewards, index, n_groups)  # (G,), (G,)
     G = count[index]  # (B,)
@@ -80,7 +101,7 @@ def reinforce_pp_advantages(
     A' = r − b with b = 0, or b = mean_g(r) with ``baseline``; then whitened over the batch:
     A = (A' − mean_batch(A')) / (std_batch(A') + eps), std unbiased.
     """
-    rewards = rewards.to(torch.float32)  # (B,)
+    rewards = _rewards(rewards, group_ids)  # (B,)
     shifted = rewards
     if baseline:
         index, n_groups = _group_index(group_ids)
@@ -95,7 +116,7 @@ def opmd_advantages(rewards: torch.Tensor, group_ids: Sequence, *, tau: float = 
 
     A_i = r_i − τ · log( mean_{j∈g} exp(r_j / τ) ): the group's soft-max value as the baseline.
     """
-    rewards = rewards.to(torch.float32)  # (B,)
+    rewards = _rewards(rewards, group_ids)  # (B,)
     index, n_groups = _group_index(group_ids)
     count, _ = _group_stats(rewards, index, n_groups)
     # each group's own max keeps every exp in (0, 1] with one term = 1: no underflow to log 0

@@ -12,10 +12,11 @@ The modes and their biases (see Dr. GRPO, Liu et al. 2025, arXiv:2503.20783; veR
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
-from components.config import AggMode
-
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = AggMode.__args__  # type: ignore[attr-defined]
 
 

@@ -158,8 +158,12 @@ def mix_loss(
     """MIX (Trinity-RFT ``mix`` algorithm): GRPO on explorer rows + SFT on expert rows.
 
     loss = (1 − mu) · PPO-clip(usual rows) + mu · SFT(expert rows); a term whose rows are absent
-    is 0. ``is_expert``: (B,) bool. The PPO-clip options are ``ppo_clip_loss``'s.
+    is 0. ``is_expert``: (B,) bool (a 0/1 tensor or a list is read as bool). The PPO-clip options
+    are ``ppo_clip_loss``'s.
     """
+    is_expert = torch.as_tensor(is_expert, dtype=torch.bool, device=logprobs.device)  # (B,)
+    if is_expert.shape != logprobs.shape[:1]:
+        raise ValueError(f"is_expert must be (B,) = ({logprobs.shape[0]},), got shape {tuple(is_expert.shape)}")
     usual = ~is_expert  # (B,)
     policy, metrics = ppo_clip_loss(
         logprobs[usual], old_logprobs[usual], _per_token(advantages, logprobs)[usual], mask[usual],

@@ -12,11 +12,11 @@ or by an entry point in their package (groups ``rftflow.advantages`` / ``rftflow
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
 _REGISTRIES: dict[str, dict[str, Callable]] = {"advantages": {}, "losses": {}}
+_SINGULAR = {"advantages": "advantage", "losses": "loss"}
 
 
 def _register(kind: str, name: str, **traits: bool) -> Callable[[Callable], Callable]:
@@ -56,7 +56,7 @@ def _lookup(kind: str, name: str) -> Callable:
             if ep.name == name:
                 registry[name] = ep.load()
     if name not in registry:
-        raise KeyError(f"unknown {kind[:-1]} {name!r}; known: {', '.join(sorted(registry))}")
+        raise KeyError(f"unknown {_SINGULAR[kind]} {name!r}; known: {', '.join(sorted(registry))}")
     return registry[name]
 
 
@@ -68,36 +68,3 @@ def get_advantage(name: str) -> Callable:
 def get_loss(name: str) -> Callable:
     """The policy loss registered under ``name`` (KeyError lists the known names)."""
     return _lookup("losses", name)
-
-
-def known(kind: str) -> list[str]:
-    """Registered names of ``kind`` (``advantages`` or ``losses``)."""
-    return sorted(_REGISTRIES[kind])
-
-
-def check_algorithm(algorithm) -> None:
-    """Fail fast (``ConfigError``) before any work: an advantage or loss nobody registered, an
-    advantage option its function does not take, a pairwise loss mixed with expert rows."""
-    from components.config import ConfigError
-
-    found = {}
-    for kind, key in (("advantages", "advantage"), ("losses", "loss")):
-        name = algorithm.setting(key)
-        if name is not None:
-            try:
-                found[key] = _lookup(kind, name)
-            except KeyError as e:
-                raise ConfigError(f"config key 'algorithm.{key}': {e.args[0]}") from None
-    options = algorithm.setting("advantage_options")
-    if "advantage" in found and options:
-        params = list(inspect.signature(found["advantage"]).parameters.values())
-        data = 3 if getattr(found["advantage"], "needs_critic", False) else 2  # the tensors it is called with
-        takes = [p.name for p in params[data:] if p.kind is not p.VAR_KEYWORD]
-        unknown = sorted(set(options) - set(takes))
-        if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
-            raise ConfigError(f"config key 'algorithm.advantage_options': {algorithm.setting('advantage')!r} "
-                              f"takes no option(s) {', '.join(unknown)}; it takes: {', '.join(takes) or 'none'}")
-    if getattr(found.get("loss"), "pairwise", False) and algorithm.uses_expert:
-        raise ConfigError(f"config key 'algorithm.loss': {algorithm.setting('loss')!r} trains on (chosen, rejected) "
-                          f"pairs and cannot take the expert rows preset {algorithm.name!r} adds; pick a preset "
-                          "without them (e.g. dpo)")

@@ -1,13 +1,11 @@
-from pathlib import Path
-
 import pytest
 
 from components.config import CampaignConfig, ConfigError, load_config
 
 
-def test_defaults_validate_and_default_campaign_loads():
+def test_defaults_validate_and_default_campaign_loads(default_config):
     assert CampaignConfig().algorithm.name == "mix"
-    cfg = load_config(Path(__file__).parents[2] / "configs" / "arith-mix.yaml")
+    cfg = load_config(default_config)
     assert cfg.name == "arith-mix" and cfg.taskset.params["max_digits"] == 2
 
 
@@ -36,5 +34,15 @@ def test_missing_config_file_and_bad_override():
 
 
 def test_cross_field_check_names_the_keys():
-    with pytest.raises(ConfigError, match=r"algorithm\.expert_per_round must be > 0 for `sft`"):
+    with pytest.raises(ConfigError, match=r"buffer\.expert_per_round must be > 0 for `sft`"):
         load_config(None, ["algorithm.name=sft"])
+
+
+def test_a_config_comes_from_a_path_a_mapping_or_a_config_with_overrides(default_config):
+    from_path = load_config(default_config, ["rounds=3"])
+    from_mapping = load_config(from_path.model_dump(mode="json"), ["seed=4"])
+    assert from_mapping.rounds == 3 and from_mapping.seed == 4 and from_mapping.name == "arith-mix"
+    assert load_config(from_mapping) is from_mapping and load_config(from_mapping, ["seed=5"]).seed == 5
+    data = {"trainer": {"lr": 0.1}}
+    load_config(data, ["trainer.min_lr=0.01"])
+    assert data == {"trainer": {"lr": 0.1}}  # the caller's mapping is left as it was

@@ -9,24 +9,20 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from components.config import load_config
-from components.experience import SCHEMA
+from components.data.experience import SCHEMA
 
-CONFIG = Path(__file__).parents[2] / "configs" / "arith-mix.yaml"
-SMALL = [
-    "name=e2e", "rounds=2", "taskset.size=400", "taskset.eval_size=20", "trainer.warmup_steps=3",
-    "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
-    "algorithm.expert_per_round=16", "eval.every=1",
-    "pipelines.experiences=[{op: dedupe}, {op: length_filter, max_tokens: 6}]",
-]
+pytestmark = pytest.mark.slow  # a whole campaign through Prefect
+
+E2E = ["name=e2e", "eval.every=1", "pipelines.experiences=[{op: dedupe}, {op: length_filter, max_tokens: 6}]"]
 
 
 @pytest.fixture(scope="module")
-def finished(prefect_api, tmp_path_factory):
+def finished(prefect_api, tmp_path_factory, default_config, small):
     from flows.campaign import rft_campaign
 
     run_dir = tmp_path_factory.mktemp("campaign")
-    cfg = load_config(CONFIG, SMALL)
-    summary = rft_campaign(cfg.model_dump(mode="json"), str(run_dir))
+    cfg = load_config(default_config, [*small, *E2E])
+    summary = rft_campaign(str(default_config), str(run_dir), overrides=[*small, *E2E])  # as a deployment passes it
     return cfg, run_dir, summary
 
 
@@ -71,13 +67,30 @@ def test_store_holds_committed_parquet_shards_readable_by_plain_pyarrow(finished
     cfg, run_dir, _ = finished
     usual = run_dir / "store" / cfg.name / "experiences" / "usual"
     for r in (1, 2):
-        shard = usual / f"round={r:06d}" / "part-00000.parquet"
+        shard = usual / f"round={r}" / "part-00000.parquet"
         assert (shard.parent / "_commit" / "part-00000.json").is_file()
         table = pq.read_table(shard)
         assert table.schema.equals(SCHEMA, check_metadata=False)
         assert table.num_rows == 16 and set(table.column("round").to_pylist()) == {r}
-    expert = pq.read_table(run_dir / "store" / cfg.name / "experiences" / "expert" / "part-00000.parquet")
+    expert = pq.read_table(run_dir / "store" / cfg.name / "experiences" / "expert" / "taskset" / "part-00000.parquet")
     assert set(expert.column("source").to_pylist()) == {"expert"}
+
+
+def test_duckdb_and_pyarrow_datasets_read_the_rounds_with_their_defaults(finished):
+    import duckdb
+    import pyarrow.dataset as ds
+
+    cfg, run_dir, _ = finished
+    usual = run_dir / "store" / cfg.name / "experiences" / "usual"
+    per_round = cfg.explorer.tasks_per_round * cfg.explorer.repeat_times
+    # the directory key round=N is the rows' own round column: DuckDB's hive partitioning agrees with it
+    rows = duckdb.sql(f"SELECT round, count(*) FROM read_parquet('{usual}/*/part-*.parquet') "
+                      "GROUP BY round ORDER BY round").fetchall()
+    assert rows == [(1, per_round), (2, per_round)] and all(isinstance(r, int) for r, _ in rows)
+    table = ds.dataset(usual).to_table()
+    assert sorted(set(table.column("round").to_pylist())) == [1, 2] and table.num_rows == 2 * per_round
+    expert = duckdb.sql(f"SELECT DISTINCT source FROM read_parquet('{usual.parent}/expert/**/*.parquet')").fetchall()
+    assert expert == [("expert",)]
 
 
 def test_registered_model_version_loads_with_transformers_and_answers(finished, tmp_path):
@@ -113,7 +126,7 @@ def test_buffer_cli_lists_shows_and_exports_what_the_campaign_stored(finished, t
     lines = [line.split("│") for line in ls.output.splitlines() if "│" in line]
     cells = [[c.strip() for c in line[1:-1]] for line in lines]
     assert ["usual", "1", "explorer", str(per_round)] in cells and ["usual", "2", "explorer", str(per_round)] in cells
-    assert ["tasks", "", "eval", "20"] in cells
+    assert ["tasks", "", "eval", str(cfg.taskset.eval_size)] in cells
     show = runner.invoke(app, ["buffer", "show", summary["store_url"], "--round", "2", "--limit", "3"],
                          terminal_width=200)
     assert show.exit_code == 0 and f"usual: {per_round} rows in round 2" in show.output
@@ -143,16 +156,16 @@ def test_validation_report_is_written_logged_and_linked(finished):
     assert [a.path for a in client.list_artifacts(summary["mlflow_run_id"], "validation")] == ["validation/validation.md"]
 
 
-def test_a_contract_failure_in_prepare_is_not_retried_and_keeps_its_rows(prefect_api, tmp_path):
+def test_a_contract_failure_in_prepare_is_not_retried_and_keeps_its_rows(prefect_api, tmp_path, default_config, small):
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from components.buffer import ExperienceBuffer
-    from components.storage import open_store
+    from components.buffer.layout import CampaignStore
+    from components.buffer.store import open_store
     from flows.campaign import rft_campaign
 
     # every demonstration's prompt is longer than 2 tokens: the expert contract fails the batch
-    cfg = load_config(CONFIG, [*SMALL, "name=strict-prep", "contracts.max_prompt_tokens=2"])
+    cfg = load_config(default_config, [*small, "name=strict-prep", "contracts.max_prompt_tokens=2"])
     state = rft_campaign(cfg.model_dump(mode="json"), str(tmp_path), return_state=True)
     assert state.is_failed() and "expert demonstrations: " in state.message
     with get_client(sync_client=True) as client:
@@ -161,5 +174,5 @@ def test_a_contract_failure_in_prepare_is_not_retried_and_keeps_its_rows(prefect
     assert len(prepare) == 1 and prepare[0].run_count == 1  # bad data stays bad: no retry
     report = (tmp_path / "validation" / "validation.md").read_text()
     assert report.count("| expert contract |") == 2  # the totals line and its batch, once each
-    quarantined = ExperienceBuffer(open_store((tmp_path / "store").as_uri()), "strict-prep").read_kind("quarantine")
+    quarantined = CampaignStore(open_store((tmp_path / "store").as_uri()), "strict-prep").read_kind("quarantine")
     assert quarantined.num_rows > 0 and "between(prompt_tokens)" in quarantined.column("reason")[0].as_py()

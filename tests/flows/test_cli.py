@@ -1,4 +1,5 @@
-"""Bad input fails before any work starts, in one line naming the culprit."""
+"""Bad input on the command line fails before any work starts, in one line naming the culprit,
+and leaves nothing behind (no run dir, no MLflow database, no store)."""
 
 import json
 
@@ -6,12 +7,14 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from tests.components.test_preflight import BAD
 
 
 @pytest.fixture
 def run(tmp_path):
-    def invoke(*args: str):
-        result = CliRunner().invoke(app, ["run", *args, "--run-dir", str(tmp_path / "out")])
+    def invoke(*args: str, run_dir=None):
+        run_dir = run_dir or tmp_path / "out"
+        result = CliRunner().invoke(app, ["run", *args, "--run-dir", str(run_dir)])
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.exit_code == 2, result.output
         assert len(lines) == 1, lines  # one clear line
@@ -21,16 +24,17 @@ def run(tmp_path):
     return invoke
 
 
-def test_unknown_key(run):
-    assert "unknown config key 'trainer.learning_rate'" in run("--set", "trainer.learning_rate=0.1")
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_every_kind_of_bad_input_is_one_line(case, run, tmp_path):
+    (tmp_path / "tasks.parquet").write_text("not parquet")
+    overrides, line = (value.replace("{tmp}", str(tmp_path)) if isinstance(value, str) else
+                       [o.replace("{tmp}", str(tmp_path)) for o in value] for value in BAD[case])
+    assert line in run(*(arg for o in overrides for arg in ("--set", o)))
 
 
-def test_value_of_wrong_type(run):
-    assert "config key 'explorer.repeat_times'" in run("--set", "explorer.repeat_times=lots")
-
-
-def test_missing_task_file(run, tmp_path):
-    assert f"taskset file not found: {tmp_path / 'nope.jsonl'}" in run("--set", f"taskset.source={tmp_path / 'nope.jsonl'}")
+def test_run_dir_naming_an_existing_file(run, tmp_path):
+    (tmp_path / "taken").write_text("a file")
+    assert f"run dir {tmp_path / 'taken'}: exists and is not a directory" in run(run_dir=tmp_path / "taken")
 
 
 def test_malformed_task_row_names_file_and_row(run, tmp_path):

@@ -4,26 +4,28 @@ samples it alongside the demonstrations."""
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from components.buffer.sampling import expert_pool
 from components.campaign import Campaign
-from components.config import load_config
 from flows.cli import app
 
-CONFIG = Path(__file__).parents[2] / "configs" / "arith-mix.yaml"
-SETTINGS = ["name=fb", "rounds=2", "trainer.warmup_steps=3", "taskset.size=300", "taskset.eval_size=10", "trainer.micro_batch_size=16",
-            "explorer.tasks_per_round=4", "explorer.repeat_times=4", "algorithm.expert_per_round=64",
+pytestmark = pytest.mark.slow  # ingest, then a whole campaign through Prefect
+
+FEEDBACK = ["name=fb", "buffer.expert_per_round=64",
             "pipelines.experiences=[{op: shape_reward, scale: 2, add: -1}, {op: dedupe}]"]
 
 
-def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefect_api, tmp_path):
+def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefect_api, tmp_path, default_config, small):
+    settings = [*small, *FEEDBACK]
     feedback = tmp_path / "feedback.jsonl"
     rows = [{"prompt": f"{a} + {a} =", "response": str(2 * a), "rating": 1.0} for a in range(10)]
     rows += [{"prompt": "9 + 9 =", "response": "17", "correction": "18"}, {"prompt": "", "response": "1", "rating": 1}]
     feedback.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = tmp_path / "report.json"
-    args = ["ingest", "feedback", str(feedback), str(CONFIG), "--run-dir", str(tmp_path / "run"),
-            "--report", str(report), *sum((["--set", s] for s in SETTINGS), [])]
+    args = ["ingest", "feedback", str(feedback), str(default_config), "--run-dir", str(tmp_path / "run"),
+            "--report", str(report), *sum((["--set", s] for s in settings), [])]
     result = CliRunner().invoke(app, args, terminal_width=200)
     assert result.exit_code == 0, result.output
     outcome = json.loads(report.read_text())
@@ -39,19 +41,19 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
 
     from flows.campaign import rft_campaign
 
-    cfg = load_config(CONFIG, SETTINGS)
-    summary = rft_campaign(cfg.model_dump(mode="json"), str(tmp_path / "run"))  # the real flow
-    campaign = Campaign(cfg, tmp_path / "run")  # reopens the run's store
+    summary = rft_campaign(str(default_config), str(tmp_path / "run"), overrides=settings)  # the real flow
+    campaign = Campaign(default_config, tmp_path / "run", settings)  # reopens the run's store
+    cfg = campaign.cfg
     report_text = Path(summary["validation_report"]).read_text()  # the file ingested before the run is in it
     assert "| ingested feedback file | 1 | 12 | 11 | 1 |" in report_text
     assert "| ingested feedback file | 0 | 12 | 1 | expect_column_values_to_be_between(prompt_length) ×1" in report_text
-    expert = campaign.buffer.read_expert(cfg.algorithm.human_min_reward)
+    expert = expert_pool(campaign.store, cfg.buffer.human_min_reward)
     assert expert.column("source").to_pylist().count("human") == 10
     history = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history
     human = history(summary["mlflow_run_id"], "sample/human_rows")
     assert len(human) == 2 and sum(m.value for m in human) > 0  # the rated rows were trained on
     assert len(history(summary["mlflow_run_id"], "pipeline/dropped")) == 2
-    usual = campaign.buffer.read_kind("usual")
+    usual = campaign.store.read_kind("usual")
     assert usual.num_rows > 0
     for shaped, per_fn in zip(usual.column("reward").to_pylist(), usual.column("rewards").to_pylist()):
         assert shaped == 2 * dict(per_fn)["unshaped"] - 1  # shape_reward: scale 2, add −1
@@ -59,5 +61,5 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
     assert all(0 <= total / n <= 1 for total, n in campaign.pass_rates().tasks.values())
     # a second ingest of the same file stores nothing new
     again = CliRunner().invoke(app, args, terminal_width=200)
-    assert again.exit_code == 0 and campaign.buffer.read_kind("human").num_rows == 10
-    assert f"already ingested (ingest={outcome['ingest_id']}): nothing new stored" in again.output
+    assert again.exit_code == 0 and campaign.store.read_kind("human").num_rows == 10
+    assert f"already ingested (ingest-{outcome['ingest_id']}): nothing new stored" in again.output

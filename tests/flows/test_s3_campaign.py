@@ -1,33 +1,25 @@
 """A 3-round campaign with its store on a real S3 HTTP server (moto, 127.0.0.1), read back by pyarrow."""
 
-from pathlib import Path
-
 import pyarrow.parquet as pq
 from pyarrow import fs
 from typer.testing import CliRunner
 
 from components.campaign import Campaign
-from components.config import load_config
-from components.experience import SCHEMA
+from components.data.experience import SCHEMA
 from flows.cli import app
 
-CONFIG = Path(__file__).parents[2] / "configs" / "arith-mix.yaml"
 
-
-def test_campaign_on_s3_is_readable_by_plain_pyarrow(s3_server, s3_bucket, tmp_path, monkeypatch):
-    cfg = load_config(CONFIG, [
-        "name=s3c", "rounds=3", f"storage.url=s3://{s3_bucket}/campaigns", "storage.addressing_style=path",
+def test_campaign_on_s3_is_readable_by_plain_pyarrow(s3_server, s3_bucket, tmp_path, monkeypatch, default_config, small):
+    campaign = Campaign(default_config, tmp_path, [
+        *small, "name=s3c", "rounds=3", f"storage.url=s3://{s3_bucket}/campaigns", "storage.addressing_style=path",
         f"storage.endpoint_url={s3_server.endpoint_url}",
-        "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2", "trainer.micro_batch_size=16",
-        "explorer.tasks_per_round=4", "explorer.repeat_times=4", "algorithm.expert_per_round=8",
     ])
-    campaign = Campaign(cfg, tmp_path)
     assert campaign.store.url == f"s3://{s3_bucket}/campaigns"
     campaign.prepare()
     for r in (1, 2, 3):
         metrics = campaign.run_round(r)
         assert metrics["sample/usual_rows"] == 16  # FIFO: exactly this round's rows, read back from S3
-    assert campaign.buffer.read_state("fifo_cursor")["shard"].endswith("round=000003/part-00000.parquet")
+    assert campaign.store.read_state("fifo_cursor")["shard"].endswith("round=3/part-00000.parquet")
     assert not (tmp_path / "store").exists()  # nothing went to the local default
 
     s3 = fs.S3FileSystem(endpoint_override=s3_server.endpoint_url, scheme="http", region="us-east-1",

@@ -1,0 +1,239 @@
+"""Where each kind of object of a campaign lives in the store, and typed reads and writes of them.
+
+Object layout under ``<campaign>/`` (every Parquet shard committed with a marker, see ``shards``)::
+
+    tasksets/<split>/part-*.parquet                    train and eval tasks
+    staging/round=N/<stage>/part-*.parquet             explorer output (rollouts), verified rows
+    experiences/usual/round=N/part-*.parquet           accepted explorer experiences
+    experiences/expert/taskset/part-*.parquet          demonstrations: the taskset's gold answers
+    experiences/expert/ingest-<hash>/part-*.parquet    demonstrations: ingested ones (and corrections)
+    experiences/human/ingest-<hash>/part-*.parquet     rated responses (human feedback)
+    quarantine/round=N/part-*.parquet                  rows that broke the contract, with ``reason``
+    quarantine/{tasks,tasks-pipeline,expert,ingest-<hash>}/  bad task rows, demonstrations, ingested rows
+    quarantine/failed/round=N/part-*.parquet           the bad rows of a round that failed its contract
+    checkpoints/vNNNNNN/                               safetensors + config + tokenizer
+    state/<name>.json                                  what resume needs: the FIFO cursor, replay use
+                                                       counts, measured pass rates; ingest-<hash>: the
+                                                       report of an ingested file
+
+``round=N`` is the hive-style key of the ``round`` column every row of those shards carries (N
+unpadded: the column's value), so DuckDB, ``pyarrow.dataset.dataset`` and Spark read a directory
+of rounds with their defaults and get the same integer either way (``pyarrow.parquet.read_table``
+forces dictionary-typed hive keys: pass it ``partitioning=None``). No other directory level is
+``key=value``, so no reader invents a column; every expert shard sits one level down
+(``taskset/``, ``ingest-<hash>/``). Rounds sort by number, not by key text (``shard_order``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from components.buffer.shards import committed_shards, is_committed, read_committed, read_shard, write_shard
+from components.buffer.store import ObjectStore, open_store, store_options
+from components.data.experience import SCHEMA
+
+# What ``rftflow buffer`` can read: kind → key prefix under the campaign.
+# ``quarantine`` is every rejected row except those of rounds that failed (above the bad-row threshold),
+# which are ``failed``: such a round may run again and quarantine the same rows under its own round.
+KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"), "human": ("experiences", "human"),
+         "quarantine": ("quarantine",), "failed": ("quarantine", "failed"), "tasks": ("tasksets",)}
+
+STORE_FILE = "store.json"
+_WHERE = ("endpoint_url", "region", "addressing_style")  # how to reach the store; never credentials
+_ROUND = re.compile(r"/round=(\d+)/")
+
+
+def run_store_url(storage, run_dir: str | Path) -> str:
+    """The store URL of a run: ``storage.url``, else ``file://<run_dir>/store``."""
+    return storage.url or (Path(run_dir).resolve() / "store").as_uri()
+
+
+def open_run_store(storage, run_dir: str | Path) -> ObjectStore:
+    """The store of a run (``storage``: a ``StorageConfig``; default ``file://<run_dir>/store``),
+    recorded in ``<run_dir>/store.json`` (URL, endpoint, region, addressing style) so that
+    ``rftflow buffer RUN_DIR`` finds it, even after a crash."""
+    run_dir = Path(run_dir)
+    url = run_store_url(storage, run_dir)
+    options = store_options(storage) if url.startswith("s3://") else {}
+    store = open_store(url, **options)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    where = {"url": store.url, **{k: options[k] for k in _WHERE if options.get(k)}}
+    (run_dir / STORE_FILE).write_text(json.dumps(where, indent=2) + "\n")
+    return store
+
+
+def recorded_store(run_dir: str | Path) -> tuple[str, dict[str, Any]]:
+    """(URL, options) of the store ``open_run_store`` recorded for ``run_dir`` (else its default)."""
+    where = Path(run_dir) / STORE_FILE
+    options = json.loads(where.read_text()) if where.is_file() else {"url": (Path(run_dir) / "store").as_uri()}
+    return options.pop("url"), {k: v for k, v in options.items() if k in _WHERE}
+
+
+def campaigns_in(store: ObjectStore) -> list[str]:
+    """Campaign prefixes in ``store``: top-level names that hold a taskset, experiences (an
+    ingested file may come before the campaign's first run) or state."""
+    names = set()
+    for key in store.list(""):
+        campaign, _, rest = key.partition("/")
+        if rest.split("/", 1)[0] in ("tasksets", "experiences", "state"):
+            names.add(campaign)
+    return sorted(names)
+
+
+def round_dir(round_no: int) -> str:
+    """The directory of a round: ``round=N``, the value of the rows' ``round`` column."""
+    return f"round={round_no}"
+
+
+def ingest_dir(ingest_id: str) -> str:
+    """The directory (and state name) of an ingested file: ``ingest-<content hash>``."""
+    return f"ingest-{ingest_id}"
+
+
+def shard_order(key: str) -> tuple[int, str]:
+    """Sort key of a shard: its round number (0 where the key has none), then the key."""
+    match = _ROUND.search(key)
+    return (int(match.group(1)) if match else 0, key)
+
+
+class CampaignStore:
+    """Typed access to one campaign's objects in ``store`` (see the module docstring for the layout).
+
+    Committed shards never change, so the ones read often (explorer rounds, demonstrations, human
+    rows) are cached in memory.
+    """
+
+    def __init__(self, store: ObjectStore, campaign: str):
+        self.objects, self.campaign = store, campaign
+        self._shards: dict[str, pa.Table] = {}
+        self._expert: pa.Table | None = None
+        self._human: pa.Table | None = None
+
+    @property
+    def url(self) -> str:
+        return self.objects.url
+
+    def key(self, *parts: str) -> str:
+        return "/".join([self.campaign, *parts])
+
+    def shard(self, key: str) -> pa.Table:
+        """Committed shard ``key`` (cached)."""
+        if key not in self._shards:
+            self._shards[key] = read_shard(self.objects, key)
+        return self._shards[key]
+
+    # tasksets --------------------------------------------------------------------------------
+    def write_tasks(self, split: str, table: pa.Table) -> str:
+        return write_shard(self.objects, self.key("tasksets", split), table)
+
+    def read_tasks(self, split: str) -> pa.Table:
+        return read_committed(self.objects, self.key("tasksets", split))
+
+    # staging between the stages of one round -------------------------------------------------
+    def write_staging(self, round_no: int, stage: str, table: pa.Table) -> str:
+        return write_shard(self.objects, self.key("staging", round_dir(round_no), stage), table)
+
+    def read_staging(self, round_no: int, stage: str) -> pa.Table:
+        return read_committed(self.objects, self.key("staging", round_dir(round_no), stage))
+
+    # experiences -----------------------------------------------------------------------------
+    def write_usual(self, round_no: int, table: pa.Table) -> str:
+        return write_shard(self.objects, self.key("experiences", "usual", round_dir(round_no)), table)
+
+    def usual_shards(self) -> list[str]:
+        """Committed usual-experience shards, oldest round first."""
+        return sorted(committed_shards(self.objects, self.key("experiences", "usual")), key=shard_order)
+
+    def write_expert(self, table: pa.Table) -> str:
+        """The taskset's gold demonstrations (``experiences/expert/taskset``)."""
+        self._expert = None
+        return write_shard(self.objects, self.key("experiences", "expert", "taskset"), table)
+
+    def write_ingested(self, source: str, ingest_id: str, table: pa.Table) -> bool:
+        """Ingested ``expert`` demonstrations or ``human``-rated responses under ``ingest-<id>``;
+        False if they were stored before (idempotent)."""
+        self._expert = self._human = None
+        prefix = self.key("experiences", source, ingest_dir(ingest_id))
+        if is_committed(self.objects, prefix):
+            return False
+        write_shard(self.objects, prefix, table)
+        return True
+
+    def read_expert(self) -> pa.Table:
+        """Every stored demonstration: gold answers and ingested ones (cached)."""
+        if self._expert is None:
+            self._expert = read_committed(self.objects, self.key("experiences", "expert"), SCHEMA)
+        return self._expert
+
+    def read_human(self) -> pa.Table:
+        """Every stored human-rated response (cached)."""
+        if self._human is None:
+            self._human = read_committed(self.objects, self.key("experiences", "human"), SCHEMA)
+        return self._human
+
+    def write_quarantine(self, where: int | str, table: pa.Table) -> str | None:
+        """Rejected rows (with ``reason``) under ``quarantine/round=N`` (an int) or ``quarantine/<where>``
+        (``tasks``, ``ingest-<hash>``, ``failed/round=N``); nothing is written for an empty table."""
+        if table.num_rows == 0:
+            return None
+        return write_shard(self.objects, self.key("quarantine", round_dir(where) if isinstance(where, int) else where),
+                           table)
+
+    def checkpoint_prefix(self, version: int) -> str:
+        return self.key("checkpoints", f"v{version:06d}")
+
+    # state -----------------------------------------------------------------------------------
+    def read_state(self, name: str, default: Any = None) -> Any:
+        """The JSON object at ``state/<name>.json``, or ``default`` if there is none."""
+        try:
+            return json.loads(self.objects.get(self.key("state", f"{name}.json")))
+        except KeyError:
+            return default
+
+    def write_state(self, name: str, value: Any) -> None:
+        self.objects.put(self.key("state", f"{name}.json"), json.dumps(value, sort_keys=True).encode())
+
+    def ingest_reports(self) -> list[dict[str, Any]]:
+        """The reports of the files ingested into this campaign (``state/ingest-<id>.json``), oldest key first."""
+        keys = self.objects.list(self.key("state", ingest_dir("")))
+        return [json.loads(self.objects.get(k)) for k in keys if k.endswith(".json")]
+
+    # inspection ------------------------------------------------------------------------------
+    def read_kind(self, kind: str, round_no: int | None = None) -> pa.Table:
+        """Every committed row of ``kind`` (see ``KINDS``), or one round's (usual, quarantine)."""
+        if kind not in KINDS:
+            raise KeyError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
+        parts = [*KINDS[kind], *([round_dir(round_no)] if round_no is not None else [])]
+        prefix, failed = self.key(*parts), self.key(*KINDS["failed"]) + "/"
+        keys = [k for k in committed_shards(self.objects, prefix) if kind != "quarantine" or not k.startswith(failed)]
+        try:
+            return read_committed(self.objects, prefix, keys=sorted(keys, key=shard_order))
+        except KeyError:
+            return pa.table({})
+
+    def counts(self) -> list[dict[str, Any]]:
+        """Rows per (kind, round, source) for experiences and quarantine, per split for tasks."""
+        out = []
+        for kind in ("usual", "expert", "human", "quarantine", "failed"):
+            table = self.read_kind(kind)
+            if not table.num_rows:
+                continue
+            for column in ("round", "source"):  # quarantined task rows have neither
+                if column not in table.column_names:
+                    table = table.append_column(column, pa.nulls(table.num_rows, pa.string()))
+            stats = table.group_by(["round", "source"]).aggregate([([], "count_all")])
+            out += sorted(({"kind": kind, "round": r, "source": s or "tasks", "rows": n} for r, s, n in zip(
+                *(stats.column(c).to_pylist() for c in ("round", "source", "count_all")))),
+                key=lambda d: (d["round"] is None, d["round"] or 0, d["source"]))
+        for split in ("train", "eval"):
+            try:
+                n = self.read_tasks(split).num_rows
+            except KeyError:
+                continue
+            out.append({"kind": "tasks", "round": None, "source": split, "rows": n})
+        return out

@@ -1,0 +1,280 @@
+"""Data contracts, checked with great-expectations; rows that break one are quarantined.
+
+Every row is either accepted or quarantined with a ``reason`` naming the failed expectation(s):
+rows in = accepted + quarantined, always. ``enforce`` fails a batch whose bad fraction is above
+the configured threshold, naming its first bad rows.
+
+Contracts (one GX suite each, over a frame of the table's columns and derived ones: text lengths,
+token counts, and flag columns for the per-row rules GX has no expectation for, checked together):
+
+- ``explorer`` experiences: ids, campaign, prompt non-null and non-empty (text lengths are measured
+  without surrounding whitespace, so "  " is empty); response non-null;
+  source ``explorer``; round ≥ 0; reward finite and within bounds; 1 ≤ token lengths ≤ bounds;
+  no null or negative token id, mask values 0 or 1, no non-finite log-prob; log-probs present and, like the mask,
+  as long as the response; weight version in [0, current] (not from the future); every group
+  has ``repeat_times`` distinct experiences; no experience id repeated (later copies are the bad
+  ones). A row that breaks a rule is quarantined alone: the rest of its group is kept.
+- ``expert`` demonstrations and ``human`` feedback: the same, with source ``expert``/``human``,
+  a non-empty response, log-probs optional and no group-size rule.
+- ``tasks``: the row parsed (valid UTF-8, JSON, an object); question, answer and prompt
+  non-null, non-empty strings within the length bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+# GX logs an INFO line per ephemeral context ("Created temporary directory ... docs site").
+logging.getLogger("great_expectations.data_context").setLevel(logging.WARNING)
+
+KINDS = ("explorer", "expert", "human", "tasks")
+
+
+class ContractError(ValueError):
+    """A batch with too many rows that break its contract; one line naming the first bad rows."""
+
+
+@dataclass(frozen=True)
+class ContractBounds:
+    reward_min: float = 0.0
+    reward_max: float = 1.0
+    max_model_version: int = 2**62
+    group_size: int | None = None  # explorer rows per group (repeat_times); None = unchecked
+    max_prompt_tokens: int = 4096
+    max_response_tokens: int = 4096
+    max_text_chars: int = 100_000
+
+    @classmethod
+    def of(cls, contracts, **extra) -> ContractBounds:
+        """The bounds of a ``ContractsConfig`` (``extra``: group_size, max_model_version)."""
+        return cls(reward_min=contracts.reward_min, reward_max=contracts.reward_max,
+                   max_prompt_tokens=contracts.max_prompt_tokens, max_response_tokens=contracts.max_response_tokens,
+                   max_text_chars=contracts.max_text_chars, **extra)
+
+
+@dataclass
+class Verdict:
+    accepted: pa.Table
+    quarantined: pa.Table  # the rejected rows plus a ``reason`` column
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"rows": self.accepted.num_rows + self.quarantined.num_rows,
+                "accepted": self.accepted.num_rows, "quarantined": self.quarantined.num_rows}
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        """How many quarantined rows failed each expectation (a row may fail several)."""
+        return dict(Counter(part for r in self.quarantined.column("reason").to_pylist() for part in r.split("; ")))
+
+
+@cache
+def _batch_definition():
+    """One ephemeral GX context per process, progress bars off, with an in-memory pandas asset."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    asset = context.data_sources.add_pandas("rftflow").add_dataframe_asset("rows")
+    return asset.add_batch_definition_whole_dataframe("batch")
+
+
+@cache
+def contract_suite(kind: str, bounds: ContractBounds):
+    """The GX suite of contract ``kind`` (see the module docstring), over the columns of ``_frame``."""
+    import great_expectations as gx
+
+    E = gx.expectations
+    suite = gx.ExpectationSuite(name=f"{kind}_contract")
+    add = suite.add_expectation
+    if kind == "tasks":
+        add(E.ExpectColumnValuesToBeNull(column="parse_error"))
+        for column in ("question", "answer", "prompt"):
+            add(E.ExpectColumnValuesToNotBeNull(column=column))
+            add(E.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1, max_value=bounds.max_text_chars))
+        return suite
+    # Experience suites run every round and GX spends ~3 ms per expectation whatever the row count,
+    # so the suite is kept short: the rules with configured bounds are expectations over numbers
+    # ``_experience_frame`` measures (a null text has length 0; a null response, which may be
+    # empty, -1); the unparameterised per-row rules are flag columns, all checked by one
+    # expectation whose reason names the false flags.
+    add(E.ExpectColumnValuesToBeBetween(column="prompt_length", min_value=1, max_value=bounds.max_text_chars))
+    # an explorer response may be empty (the model stopped at once); a demonstration or a rated one not
+    add(E.ExpectColumnValuesToBeBetween(column="response_length", min_value=0 if kind == "explorer" else 1,
+                                        max_value=bounds.max_text_chars))
+    add(E.ExpectColumnValuesToBeInSet(column="source", value_set=[kind]))
+    add(E.ExpectColumnValuesToBeBetween(column="reward", min_value=bounds.reward_min, max_value=bounds.reward_max))
+    add(E.ExpectColumnValuesToBeBetween(column="prompt_tokens", min_value=1, max_value=bounds.max_prompt_tokens))
+    add(E.ExpectColumnValuesToBeBetween(column="response_tokens", min_value=1, max_value=bounds.max_response_tokens))
+    add(E.ExpectColumnValuesToBeBetween(column="model_version", min_value=0, max_value=bounds.max_model_version))
+    flags = _flags(kind)
+    add(E.ExpectMulticolumnSumToEqual(column_list=list(flags), sum_total=len(flags), ignore_row_if="never"))
+    if kind == "explorer" and bounds.group_size is not None:
+        add(E.ExpectColumnValuesToBeInSet(column="group_size", value_set=[bounds.group_size]))
+    return suite
+
+
+IDS = ("experience_id", "campaign", "task_id", "group_id")
+
+
+def _flags(kind: str) -> tuple[str, ...]:
+    """The per-row flag columns of an experience contract: each must be true."""
+    flags = (*(f"{c}_present" for c in IDS), "round_valid", "reward_is_finite", "token_lengths_consistent",
+             "tokens_complete", "token_values_valid", "experience_id_is_first")
+    return (*flags, "has_logprobs") if kind == "explorer" else flags
+
+
+def _not_finite(values: pa.Array) -> pa.Array:
+    return pc.fill_null(pc.invert(pc.is_finite(values)), True)
+
+
+def _any_element(column: pa.ChunkedArray, *tests) -> list[np.ndarray]:
+    """Per row of a list column, for each test: whether ``test(elements)`` holds for any element
+    (a null list: no). Elements are read row by row through the offsets, so values hidden under a
+    null list (Arrow allows them) are never looked at."""
+    lists = column.combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    parents = np.repeat(np.arange(len(lists)), lengths)
+    elements = pc.list_flatten(lists)  # skips null lists, so it lines up with ``parents``
+    hits = []
+    for test in tests:
+        hit = np.zeros(len(lists), dtype=bool)
+        if len(elements):
+            hit[parents[np.asarray(pc.fill_null(test(elements), False).to_numpy(zero_copy_only=False), bool)]] = True
+        hits.append(hit)
+    return hits
+
+
+def _negative(values: pa.Array) -> pa.Array:
+    return pc.less(values, 0)
+
+
+def _not_binary(values: pa.Array) -> pa.Array:
+    return pc.invert(pc.is_in(values, pa.array([0, 1], values.type)))
+
+
+def _experience_frame(table: pa.Table):
+    """The numbers and flags the experience contracts check, one row per experience (see
+    ``contract_suite``): text lengths, token counts, the reward, and derived per-row checks."""
+    import pandas as pd
+
+    def length(column: str, null: int):  # text: without surrounding whitespace (" " is empty)
+        if pa.types.is_string(table.schema.field(column).type):
+            return pc.fill_null(pc.utf8_length(pc.utf8_trim_whitespace(table.column(column))), null).to_numpy()
+        return pc.fill_null(pc.list_value_length(table.column(column)), null).to_numpy()
+
+    df = pd.DataFrame({f"{c}_present": length(c, 0) > 0 for c in IDS})  # non-null and non-empty
+    df["prompt_length"] = length("prompt", 0)
+    df["response_length"] = length("response", -1)
+    df["source"] = pd.Series(pc.fill_null(table.column("source"), "").to_pylist(), dtype=object)
+    df["round_valid"] = pc.fill_null(table.column("round"), -1).to_numpy() >= 0
+    df["prompt_tokens"] = length("prompt_ids", 0)
+    df["response_tokens"] = length("response_ids", 0)
+    rewards = table.column("reward").to_pylist()
+    df["reward_is_finite"] = [r is not None and math.isfinite(r) for r in rewards]
+    df["reward"] = pd.Series([r if r is not None and math.isfinite(r) else None for r in rewards], dtype="float64")
+    ids, logprobs, mask = (length(c, -1) for c in ("response_ids", "response_logprobs", "response_mask"))
+    df["token_lengths_consistent"] = (ids >= 0) & ((logprobs == -1) | (logprobs == ids)) & ((mask == -1) | (mask == ids))
+    df["has_logprobs"] = logprobs >= 0
+    prompt_null, prompt_negative = _any_element(table.column("prompt_ids"), pc.is_null, _negative)
+    response_null, response_negative = _any_element(table.column("response_ids"), pc.is_null, _negative)
+    mask_null, mask_not_binary = _any_element(table.column("response_mask"), pc.is_null, _not_binary)
+    (logprob_not_finite,) = _any_element(table.column("response_logprobs"), _not_finite)
+    df["tokens_complete"] = ~(prompt_null | response_null | mask_null | logprob_not_finite)
+    df["token_values_valid"] = ~(prompt_negative | response_negative | mask_not_binary)
+    group_ids, experience_ids = table.column("group_id").to_pylist(), table.column("experience_id").to_pylist()
+    seen: set = set()
+    first = [not (e in seen or seen.add(e)) for e in experience_ids]
+    df["experience_id_is_first"] = first
+    # a group's size counts distinct experiences: a repeated row is quarantined, its group not
+    sizes = Counter(g for g, f in zip(group_ids, first) if f)
+    df["group_size"] = [sizes[g] for g in group_ids]
+    df["model_version"] = pc.fill_null(table.column("model_version"), -1).to_numpy()
+    return df
+
+
+def _task_frame(table: pa.Table):
+    import pandas as pd
+
+    def text(column: str) -> list:  # without surrounding whitespace, so "   " counts as empty
+        values = table.column(column)
+        return (pc.utf8_trim_whitespace(values) if pa.types.is_string(values.type) else values).to_pylist()
+
+    columns = {"parse_error": table.column("parse_error").to_pylist(),
+               **{c: text(c) for c in ("question", "answer", "prompt")}}
+    return pd.DataFrame({c: pd.Series(values, dtype=object) for c, values in columns.items()})
+
+
+def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds()) -> Verdict:
+    """Validate ``table`` against contract ``kind``; split accepted / quarantined (with ``reason``).
+
+    Experience kinds read the Experience schema; ``tasks`` reads ``parse_error``, ``question``,
+    ``answer``, ``prompt`` (see ``tasksets.parse_task_rows``).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown contract {kind!r}; known: {', '.join(KINDS)}")
+    if table.num_rows == 0:
+        return Verdict(table, table.append_column("reason", pa.array([], pa.string())))
+    frame = _task_frame(table) if kind == "tasks" else _experience_frame(table)
+    batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
+    # a pass/fail run first (about half the cost); the row indices of failures only when some row fails
+    if batch.validate(contract_suite(kind, bounds), result_format={"result_format": "BOOLEAN_ONLY"}).success:
+        return Verdict(table, table.slice(0, 0).append_column("reason", pa.array([], pa.string())))
+    result = batch.validate(contract_suite(kind, bounds), result_format={"result_format": "COMPLETE"})
+    reasons: dict[int, list[str]] = {}
+    for r in result.results:
+        if r.success:
+            continue
+        kwargs, expectation = r.expectation_config.kwargs, r.expectation_config.type
+        indices = r.result.get("unexpected_index_list")
+        if indices is None:  # the expectation could not run: no row can be called good or bad
+            info = r.exception_info or {}
+            raise RuntimeError(f"{kind} contract: {expectation}({kwargs.get('column') or kwargs.get('column_list')}) "
+                               f"did not run: {info.get('exception_message') or info}")
+        for index in indices:
+            if "column_list" in kwargs:  # the flags: name those that are false on this row
+                labels = [f"{expectation}({flag})" for flag in kwargs["column_list"] if not frame.at[index, flag]]
+            elif kwargs["column"] == "parse_error":
+                labels = [f"{expectation}(parse_error): {frame.at[index, 'parse_error']}"]
+            else:
+                labels = [f"{expectation}({kwargs['column']})"]
+            reasons.setdefault(int(index), []).extend(labels)
+    for index, labels in reasons.items():  # a row that did not parse has only that to say
+        parse = [label for label in labels if "(parse_error)" in label]
+        reasons[index] = parse or labels
+    bad = sorted(reasons)
+    good = [i for i in range(table.num_rows) if i not in reasons]
+    quarantined = table.take(pa.array(bad, pa.int64())).append_column(
+        "reason", pa.array(["; ".join(reasons[i]) for i in bad], pa.string()))
+    return Verdict(table.take(pa.array(good, pa.int64())), quarantined)
+
+
+def check_experiences(table: pa.Table, bounds: ContractBounds = ContractBounds(), kind: str = "explorer") -> Verdict:
+    """``check`` for an experience table (``explorer``, ``expert`` or ``human``)."""
+    return check(table, kind, bounds)
+
+
+def enforce(verdict: Verdict, max_bad_fraction: float, what: str, row_label: str = "experience_id",
+            label=None) -> None:
+    """Raise ``ContractError`` if more than ``max_bad_fraction`` of the rows were quarantined,
+    naming the first three bad rows (by column ``row_label``, or ``label(row)``) and their reasons."""
+    counts = verdict.counts
+    if counts["rows"] == 0 or counts["quarantined"] / counts["rows"] <= max_bad_fraction:
+        return
+    first = verdict.quarantined.slice(0, 3)
+    names = [label(row) for row in first.to_pylist()] if label else first.column(row_label).to_pylist()
+    named = " | ".join(f"{name}: {reason}" for name, reason in zip(names, first.column("reason").to_pylist()))
+    raise ContractError(
+        f"{what}: {counts['quarantined']} of {counts['rows']} rows ({counts['quarantined'] / counts['rows']:.0%}) "
+        f"break the contract, above contracts.max_bad_fraction={max_bad_fraction}; first: {named}")

@@ -1,0 +1,63 @@
+"""The Experience record: one prompt, one response, its reward and where it came from.
+
+Stored as Parquet with ``SCHEMA``; ``source`` is ``explorer`` (usual experiences), ``expert``
+(demonstrations) or ``human`` (feedback). Token lists are unpadded; ``response_mask`` marks the
+tokens the policy is trained on (1) versus tokens it did not produce (0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA = pa.schema(
+    [
+        pa.field("experience_id", pa.string(), nullable=False),
+        pa.field("campaign", pa.string(), nullable=False),
+        pa.field("round", pa.int32(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("group_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("prompt", pa.string()),
+        pa.field("response", pa.string()),
+        pa.field("prompt_ids", pa.list_(pa.int32())),
+        pa.field("response_ids", pa.list_(pa.int32())),
+        pa.field("response_logprobs", pa.list_(pa.float32())),
+        pa.field("response_mask", pa.list_(pa.int8())),
+        pa.field("reward", pa.float64()),
+        pa.field("rewards", pa.map_(pa.string(), pa.float64())),
+        pa.field("model_version", pa.int64()),
+        pa.field("created_at", pa.timestamp("us", tz="UTC")),
+        pa.field("info", pa.string()),
+    ]
+)
+COLUMNS = tuple(SCHEMA.names)
+
+
+def experience_id(*parts: Any) -> str:
+    """A stable id from the parts that identify an experience, so reruns write the same ids."""
+    return hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()[:24]
+
+
+def make_experience(**fields: Any) -> dict[str, Any]:
+    """One experience row with every schema column (missing optional ones None; info as JSON)."""
+    row = {name: fields.pop(name, None) for name in COLUMNS}
+    if fields:
+        raise TypeError(f"unknown experience fields: {', '.join(sorted(fields))}")
+    if row["created_at"] is None:
+        row["created_at"] = datetime.now(timezone.utc)
+    if isinstance(row["info"], Mapping):
+        row["info"] = json.dumps(row["info"], sort_keys=True)
+    if isinstance(row["rewards"], Mapping):
+        row["rewards"] = list(row["rewards"].items())
+    return row
+
+
+def to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Experience rows → an Arrow table with exactly ``SCHEMA``."""
+    return pa.Table.from_pylist([dict(r) for r in rows], schema=SCHEMA)

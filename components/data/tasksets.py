@@ -1,0 +1,285 @@
+"""Tasksets: reasoning-gym generators or JSONL/Parquet files → a train split and a held-out eval split.
+
+The eval split is disjoint from train by question text (no eval question ever appears in train).
+Task file rows are checked against the task contract (``validation``): bad rows are quarantined
+with the reason, naming the file and row (1-based); past ``contracts.max_bad_fraction`` the run
+stops before any work starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from components.config import ContractsConfig, TasksetConfig
+from components.data.contracts import ContractBounds, ContractError, check, enforce
+
+REASONING_GYM_PREFIX = "reasoning_gym:"
+TASK_SCHEMA = pa.schema(
+    [
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("question", pa.string(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("answer", pa.string(), nullable=False),
+        pa.field("metadata", pa.string()),
+    ]
+)
+# A task row before the contract: where it came from, and what parsing it said.
+CANDIDATE_SCHEMA = pa.schema([
+    ("row", pa.int64()), ("where", pa.string()), ("parse_error", pa.string()), ("question", pa.string()),
+    ("answer", pa.string()), ("prompt", pa.string()), ("metadata", pa.string()),
+])
+
+
+class TasksetError(ValueError):
+    """A taskset that cannot be used; the message is one line naming the file/row or key."""
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    question: str
+    prompt: str
+    answer: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def entry(self) -> dict[str, Any]:
+        """The reasoning-gym style entry verifiers take: question, answer, metadata."""
+        return {"question": self.question, "answer": self.answer, "metadata": self.metadata}
+
+
+def task_id(question: str) -> str:
+    """Content hash of the question: the same question is the same task."""
+    return hashlib.sha256(question.encode()).hexdigest()[:16]
+
+
+def _format_prompt(template: str, question: str, answer: str, metadata: dict[str, Any]) -> str:
+    fields = {**metadata, "question": question, "answer": answer}
+    try:
+        return template.format(**fields)
+    except KeyError as e:
+        raise TasksetError(
+            f"taskset.prompt_template: unknown field {e.args[0]!r}; available: {', '.join(sorted(fields))}"
+        ) from None
+    except (IndexError, TypeError, AttributeError, ValueError) as e:  # e.g. {meta[0]} on a row whose meta is text
+        raise TasksetError(f"taskset.prompt_template {template!r} does not fit this row: {e}") from None
+
+
+def _reasoning_gym_entries(name: str, params: dict[str, Any], size: int, seed: int) -> list[dict[str, Any]]:
+    import reasoning_gym
+
+    try:
+        return list(reasoning_gym.create_dataset(name, size=size, seed=seed, **params))
+    except (ValueError, TypeError, AssertionError) as e:
+        raise TasksetError(f"taskset {REASONING_GYM_PREFIX}{name} with params {params}: {e}") from None
+
+
+def read_rows(path: Path, what: str = "file") -> list[tuple[int, Any, str | None]]:
+    """(row number, parsed row or None, parse error or None) for each row of a JSONL or Parquet file.
+    A row that does not parse is kept with its error (the contract quarantines it)."""
+    if not path.is_file():
+        raise TasksetError(f"{what} not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return [(i, row, None) for i, row in enumerate(pq.read_table(path).to_pylist(), start=1)]
+        except Exception as e:  # noqa: BLE001 — pyarrow raises several types for corrupt files
+            raise TasksetError(f"{path}: not a readable Parquet file ({e})") from None
+    if path.suffix not in (".jsonl", ".json"):
+        raise TasksetError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl or .parquet")
+    rows: list[tuple[int, Any, str | None]] = []
+    with path.open("rb") as f:  # decode line by line, so a bad byte is reported on its own line
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                rows.append((lineno, None, "not valid UTF-8"))
+                continue
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                    # JSON may escape a lone surrogate ("\ud800"): valid JSON, not encodable text
+                    surrogate = "\\u" in line and _has_surrogate(row)
+                except json.JSONDecodeError as e:
+                    rows.append((lineno, None, f"not valid JSON ({e.msg})"))
+                    continue
+                except (ValueError, RecursionError) as e:  # an integer over 4300 digits; nesting too deep
+                    rows.append((lineno, None, f"not readable JSON ({type(e).__name__}: {str(e)[:120]})"))
+                    continue
+                if surrogate:
+                    rows.append((lineno, None, "not valid UTF-8 (an escaped lone surrogate)"))
+                else:
+                    rows.append((lineno, row, None))
+    return rows
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
+
+
+def _text(value: Any, key: str) -> str | None:
+    """A task field as text: strings as they are, numbers formatted, None kept (the contract
+    quarantines it); any other type is a parse error."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"{key!r} must be a string, got {type(value).__name__}")
+
+
+def _file_candidates(path: Path, cfg: TasksetConfig) -> list[dict[str, Any]]:
+    """Every row of a task file as a candidate: question, answer, prompt, metadata, parse_error."""
+    out = []
+    for row_no, row, error in read_rows(path, "taskset file"):
+        candidate = {"row": row_no, "where": f"{path}:{row_no}", "parse_error": error, "question": None,
+                     "answer": None, "prompt": None, "metadata": None}
+        if error is None and not isinstance(row, dict):
+            candidate["parse_error"] = f"expected an object, got {type(row).__name__}"
+        elif error is None:
+            try:
+                question, answer = _text(row.get(cfg.question_key), cfg.question_key), _text(
+                    row.get(cfg.answer_key), cfg.answer_key)
+                metadata = {k: v for k, v in row.items() if k not in (cfg.question_key, cfg.answer_key)}
+                candidate.update(question=question, answer=answer, metadata=json.dumps(metadata, default=str))
+                if question is not None and answer is not None:
+                    candidate["prompt"] = _format_prompt(cfg.prompt_template, question, answer, json.loads(
+                        candidate["metadata"]))
+            except (ValueError, TasksetError) as e:
+                candidate["parse_error"] = str(e)
+        out.append(candidate)
+    if not out:
+        raise TasksetError(f"{path}: no tasks")
+    return out
+
+
+def _generated_candidates(cfg: TasksetConfig, seed: int, size: int) -> list[dict[str, Any]]:
+    """A reasoning-gym taskset as contract candidates, like a file's rows (``where`` = source#n)."""
+    tasks = reasoning_gym_tasks(cfg.source[len(REASONING_GYM_PREFIX):], cfg.params, size, seed, cfg.prompt_template)
+    out = []
+    for n, task in enumerate(tasks, start=1):
+        out.append({"row": n, "where": f"{cfg.source}#{n}", "parse_error": None, "question": task.question,
+                    "answer": task.answer, "prompt": task.prompt, "metadata": json.dumps(task.metadata)})
+    return out
+
+
+def reasoning_gym_tasks(dataset: str, params: dict[str, Any], n: int, seed: int, template: str) -> list[Task]:
+    """``n`` tasks generated by reasoning-gym ``dataset`` with ``params`` and ``seed``, prompts by ``template``."""
+    return [_to_task(entry, template) for entry in _reasoning_gym_entries(dataset, params, n, seed)]
+
+
+def _to_task(entry: dict[str, Any], template: str) -> Task:
+    question, answer = str(entry["question"]), str(entry["answer"])
+    metadata = json.loads(json.dumps(entry.get("metadata") or {}, default=str))  # JSON-safe
+    return Task(task_id(question), question, _format_prompt(template, question, answer, metadata), answer, metadata)
+
+
+@dataclass
+class Taskset:
+    train: list[Task]
+    held_out: list[Task]
+    quarantined: pa.Table  # task rows that broke the task contract: row, where, parse_error, …, reason
+    held_out_rows: int = 0  # accepted rows whose task is held out (a repeated question counts each time)
+
+    @property
+    def rows_checked(self) -> int:
+        """Rows the task contract saw = accepted (train + held-out rows) + quarantined."""
+        return len(self.train) + self.held_out_rows + self.quarantined.num_rows
+
+
+def validated_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None = None,
+                    size: int | None = None) -> tuple[list[Task], pa.Table]:
+    """The source's tasks that pass the task contract, and the quarantined rows (with ``reason``).
+    More than ``contracts.max_bad_fraction`` bad rows: ``TasksetError`` naming the first ones."""
+    contracts = contracts or ContractsConfig()
+    if cfg.source.startswith(REASONING_GYM_PREFIX):
+        candidates = _generated_candidates(cfg, seed, size or cfg.size)
+    else:
+        candidates = _file_candidates(Path(cfg.source), cfg)
+    verdict = check(pa.Table.from_pylist(candidates, schema=CANDIDATE_SCHEMA), "tasks", ContractBounds.of(contracts))
+    try:
+        enforce(verdict, contracts.max_bad_fraction, f"taskset {cfg.source}", row_label="where")
+    except ContractError as e:
+        raise TasksetError(str(e)) from None
+    tasks = [Task(task_id(r["question"]), r["question"], r["prompt"], r["answer"], json.loads(r["metadata"]))
+             for r in verdict.accepted.to_pylist()]
+    return tasks, verdict.quarantined
+
+
+def recheck_tasks(table: pa.Table, held_out: list[Task], contracts: ContractsConfig) -> tuple[pa.Table, pa.Table]:
+    """Train tasks after a task pipeline (which may rewrite or add tasks), checked again: the task
+    contract, and no question equal to a held-out one. Returns (kept, rejected with ``reason``)."""
+    verdict = check(table.append_column("parse_error", pa.nulls(table.num_rows, pa.string())), "tasks",
+                    ContractBounds.of(contracts))
+    kept, rejected = verdict.accepted.drop_columns(["parse_error"]), verdict.quarantined.drop_columns(["parse_error"])
+    held = pc.is_in(kept.column("task_id"), pa.array([t.task_id for t in held_out], pa.string()))
+    leaked = kept.filter(held)
+    reason = pa.array(["pipeline: the question is held out for evaluation"] * leaked.num_rows, pa.string())
+    return kept.filter(pc.invert(held)), pa.concat_tables([rejected, leaked.append_column("reason", reason)])
+
+
+def load_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None = None) -> Taskset:
+    """Train and held-out splits: the distinct questions are shuffled with ``seed`` and the first
+    ``eval_size`` held out, so the eval split is a uniform sample of distinct tasks, disjoint from
+    train by question. Train keeps the source's repeats (a generator's frequent tasks stay frequent
+    in exploration). Rows that break the task contract are returned as ``quarantined``."""
+    tasks, quarantined = validated_tasks(cfg, seed, contracts)
+    distinct = list(dict.fromkeys(t.task_id for t in tasks))
+    random.Random(seed).shuffle(distinct)
+    held_out_ids = set(distinct[:cfg.eval_size])
+    if len(held_out_ids) == len(distinct):
+        raise TasksetError(
+            f"taskset {cfg.source}: {len(distinct)} distinct tasks leave none for training after holding out "
+            f"taskset.eval_size={cfg.eval_size}"
+        )
+    first = {}
+    for t in tasks:
+        first.setdefault(t.task_id, t)
+    held_out = [first[i] for i in distinct[:cfg.eval_size]]
+    train = [t for t in tasks if t.task_id not in held_out_ids]
+    return Taskset(train, held_out, quarantined, held_out_rows=len(tasks) - len(train))
+
+
+def check_taskset(cfg: TasksetConfig, contracts: ContractsConfig | None = None) -> None:
+    """Fail fast (``TasksetError``) on a bad taskset: the generator created, or the file read and its
+    rows checked against the task contract (more than ``contracts.max_bad_fraction`` bad rows fail)."""
+    tasks, _ = validated_tasks(cfg, 0, contracts, size=1)
+    if not tasks:
+        raise TasksetError(f"taskset {cfg.source}: no valid tasks")
+
+
+def tasks_to_table(tasks: list[Task]) -> pa.Table:
+    return pa.Table.from_pylist(
+        [{"task_id": t.task_id, "question": t.question, "prompt": t.prompt, "answer": t.answer,
+          "metadata": json.dumps(t.metadata, sort_keys=True)} for t in tasks],
+        schema=TASK_SCHEMA,
+    )
+
+
+def tasks_from_table(table: pa.Table) -> list[Task]:
+    return [
+        Task(r["task_id"], r["question"], r["prompt"], r["answer"], json.loads(r["metadata"] or "{}"))
+        for r in table.to_pylist()
+    ]
+
+
+__all__ = ["Task", "Taskset", "TasksetError", "check_taskset", "load_tasks", "read_rows", "reasoning_gym_tasks",
+           "recheck_tasks", "tasks_from_table", "tasks_to_table", "validated_tasks"]

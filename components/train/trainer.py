@@ -1,0 +1,206 @@
+"""The trainer: a round's ordered micro-batches → the algorithm's loss → AdamW steps, under ``accelerate``.
+
+The batch arrives mixed and ordered (``buffer.sampling.TrainBatch``: rows once each, then the
+micro-batches to step through); the trainer computes advantages over the rows and takes one
+optimizer step per micro-batch. Token layout: ``train.batching``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from transformers import PreTrainedModel
+
+from components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, get_loss, kl_penalty, regularized
+from components.config import TrainerConfig
+from components.train.batching import batch_tensors, behaviour_logprobs, response_logits, response_logprobs
+from components.train.critic import Critic
+
+Row = Mapping[str, Any]
+
+
+def cosine(start: float, end: float, progress: float) -> float:
+    """Cosine interpolation from ``start`` (progress 0) to ``end`` (progress 1)."""
+    return end + 0.5 * (start - end) * (1 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    """Owns the policy being trained, its optimizer and the step counter (and, when the algorithm
+    needs them, a frozen reference model and a critic, both made when the RL rounds start)."""
+
+    def __init__(self, model: PreTrainedModel, pad_id: int, trainer: TrainerConfig, algorithm: Algorithm,
+                 *, temperature: float = 1.0):
+        self.cfg, self.algorithm, self.temperature, self.pad_id = trainer, algorithm, temperature, pad_id
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.steps = 0
+        self.ref_model: PreTrainedModel | None = None
+        self.critic: Critic | None = None
+
+    def _rl_models(self) -> None:
+        """Once, when the RL rounds start: freeze the policy as the reference model (KL, DPO) and
+        initialise the critic from it (PPO), as the algorithm needs."""
+        if self.algorithm.needs_reference and self.ref_model is None:
+            self.ref_model = copy.deepcopy(self.unwrapped).eval().requires_grad_(False)
+        if self.algorithm.needs_critic and self.critic is None:
+            self.critic = Critic(self.unwrapped, self.accelerator, lr=self.cfg.critic_lr or self.cfg.lr,
+                                 weight_decay=self.cfg.weight_decay, grad_clip=self.cfg.grad_clip,
+                                 value_clip=self.algorithm.value_clip)
+
+    def _batch(self, chunk: Sequence[Row]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.accelerator.device) for k, v in batch_tensors(chunk, self.pad_id).items()}
+
+    @torch.no_grad()
+    def _per_token(self, rows: Sequence[Row], fn) -> torch.Tensor:
+        """``fn(chunk, batch) -> (B, R)`` over micro-batches, right-padded with 0 to (N, R_max)."""
+        width = max(len(r["response_ids"]) for r in rows)
+        out = torch.zeros(len(rows), width)  # (N, R_max)
+        for s in range(0, len(rows), self.cfg.micro_batch_size):
+            chunk = rows[s:s + self.cfg.micro_batch_size]
+            batch = self._batch(chunk)
+            values = (fn(chunk, batch) * batch["mask"]).cpu()  # (B, R)
+            out[s:s + len(chunk), :values.shape[1]] = values
+        return out
+
+    def _reference_kl(self, chunk: Sequence[Row], batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token KL_kind(behaviour ‖ reference) of explorer rows: (B, R)."""
+        ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
+        return kl_penalty(behaviour_logprobs(chunk, ref), ref, self.algorithm.kl_kind)
+
+    def _advantages(self, rows: Sequence[Row]) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+        """Advantages of all ``rows`` — (N,) outcome-level, or (N, R_max) token-level with a critic —
+        plus critic targets ({old_values, returns}, (N, R_max)) and metrics. Expert rows get 0."""
+        algo, metrics = self.algorithm, {}
+        explorer_idx = [i for i, r in enumerate(rows) if r["source"] == "explorer"]
+        if not explorer_idx or algo.advantage_fn is None:
+            return torch.zeros(len(rows)), {}, metrics
+        explorer_rows = [rows[i] for i in explorer_idx]
+        rewards = torch.tensor([float(r["reward"]) for r in explorer_rows])  # (n,)
+        kl = None
+        if self.ref_model is not None and algo.kl_mode == "reward":
+            kl = self._per_token(explorer_rows, self._reference_kl)  # (n, R_max)
+            metrics["reward/kl_penalised_mean"] = float((rewards - algo.kl_coef * kl.sum(-1)).mean())
+        options = algo.advantage_options
+        if not algo.needs_critic:
+            if kl is not None:
+                rewards = rewards - algo.kl_coef * kl.sum(-1)
+            advantages = torch.zeros(len(rows))  # (N,)
+            advantages[explorer_idx] = algo.advantage_fn(rewards, [r["group_id"] for r in explorer_rows], **options)
+            return advantages, {}, metrics
+        # token-level (PPO): reward on the last response token, −β·KL_t on every token (veRL)
+        lengths = torch.tensor([len(r["response_ids"]) for r in explorer_rows])  # (n,)
+        mask = (torch.arange(int(lengths.max())) < lengths.unsqueeze(-1)).float()  # (n, R_max)
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[torch.arange(len(explorer_rows)), lengths - 1] = rewards
+        if kl is not None:
+            token_rewards -= algo.kl_coef * kl
+        old_values = self._per_token(explorer_rows, lambda _, batch: self.critic.values(batch))  # (n, R_max)
+        adv, returns = algo.advantage_fn(token_rewards, old_values, mask, **options)
+        width = max(len(r["response_ids"]) for r in rows)
+        full = {name: torch.zeros(len(rows), width) for name in ("advantages", "old_values", "returns")}
+        for name, value in (("advantages", adv), ("old_values", old_values), ("returns", returns)):
+            full[name][explorer_idx, :value.shape[1]] = value
+        metrics["critic/returns_mean"] = float(returns.sum() / mask.sum())
+        return full.pop("advantages"), full, metrics
+
+    @property
+    def unwrapped(self) -> PreTrainedModel:
+        return self.accelerator.unwrap_model(self.model)
+
+    def _step(self, rows: Sequence[Row], batch: Mapping[str, torch.Tensor], advantages: torch.Tensor, loss_fn,
+              options: dict) -> dict[str, float]:
+        logp = torch.log_softmax(response_logits(self.model, batch, self.temperature), -1)  # (B, R, V)
+        logprobs = logp.gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1)  # (B, R)
+        old = behaviour_logprobs(rows, logprobs)  # (B, R)
+        is_expert = torch.tensor([r["source"] != "explorer" for r in rows], device=logprobs.device)  # (B,)
+        if advantages.dim() == 2:  # token-level: this batch is only as wide as its longest response
+            advantages = advantages[:, :logprobs.shape[1]]
+        algo = self.algorithm
+        ref = None
+        if self.ref_model is not None and (algo.kl_mode == "loss" or getattr(loss_fn, "needs_reference", False)):
+            with torch.no_grad():
+                ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
+        inputs = LossInputs(logprobs, old, advantages.to(logprobs.device), batch["mask"], is_expert, ref)
+        loss, metrics = loss_fn(inputs, **options)
+        entropy = entropy_from_logprobs(logp if algo.entropy_coef else logp.detach())  # (B, R)
+        loss, extra = regularized(loss, logprobs, batch["mask"],
+                                  ref_logprobs=ref if algo.kl_mode == "loss" else None, kl_coef=algo.kl_coef,
+                                  kl_kind=algo.kl_kind, entropy=entropy, entropy_coef=algo.entropy_coef,
+                                  agg=options.get("agg", "token-mean"))
+        metrics = {**metrics, **extra}
+        self.optimizer.zero_grad()
+        self.accelerator.backward(loss)
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.steps += 1
+        return {**metrics, "loss/total": float(loss.detach()), "train/grad_norm": float(grad_norm)}
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def round_lr(self, round_no: int, rounds: int) -> float:
+        """``lr`` constant, or with ``min_lr`` a cosine from ``lr`` (round 1) to ``min_lr`` (last round)."""
+        lr, floor = self.cfg.lr, self.cfg.min_lr
+        if floor is None or rounds <= 1:
+            return lr
+        return cosine(lr, floor, (round_no - 1) / (rounds - 1))
+
+    def train(self, rows: Sequence[Row], steps: Sequence[Sequence[int]]) -> dict[str, float]:
+        """One round's update: advantages over ``rows`` (explorer rows; expert rows get 0), then one
+        optimizer step per micro-batch of ``steps`` (indices into ``rows``, in training order; and
+        one critic step each, with a critic). Returns metrics averaged over steps."""
+        rows = list(rows)
+        if not rows or not steps:
+            return {"train/steps": 0.0}
+        self._rl_models()
+        options = self.algorithm.loss_options()
+        advantages, critic_targets, metrics_extra = self._advantages(rows)
+        start, sums, tokens = time.perf_counter(), defaultdict(float), 0
+        for idx in steps:
+            idx = list(idx)
+            chunk = [rows[i] for i in idx]
+            batch = self._batch(chunk)
+            step_metrics = self._step(chunk, batch, advantages[idx], self.algorithm.loss_fn, options)
+            if self.critic is not None:
+                width = batch["mask"].shape[1]
+                targets = {k: v[idx, :width].to(self.accelerator.device) for k, v in critic_targets.items()}
+                step_metrics |= self.critic.update(batch, targets["old_values"], targets["returns"], self.algorithm.agg)
+            for k, v in step_metrics.items():
+                sums[k] += v
+            tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in chunk)
+        metrics = {**{k: v / len(steps) for k, v in sums.items()}, **metrics_extra}
+        metrics["train/steps"] = float(len(steps))
+        metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
+        return metrics
+
+    def warm_start(self, steps: Sequence[Sequence[Row]], peak_lr: float | None = None,
+                   progress=None) -> dict[str, float]:
+        """One SFT step per micro-batch of expert rows in ``steps`` (an expert-only warm start).
+
+        Learning rate: linear ramp to ``peak_lr`` over the first 5% of steps, then cosine decay to
+        ``trainer.lr``, the rate the RL rounds continue with.
+        """
+        n = len(steps)
+        peak, final = peak_lr or self.cfg.lr, self.cfg.lr
+        ramp = max(1, n // 20)
+        last: dict[str, float] = {}
+        sft = get_loss("sft")
+        for step, chunk in enumerate(steps):
+            if step < ramp:
+                self.set_lr(peak * (step + 1) / ramp)
+            else:
+                self.set_lr(cosine(peak, final, (step - ramp) / max(1, n - ramp)))
+            last = self._step(chunk, self._batch(chunk), torch.zeros(len(chunk)), sft, {"agg": "token-mean"})
+            if progress is not None:
+                progress(step + 1, last)
+        self.set_lr(final)
+        return last

@@ -1,0 +1,92 @@
+"""Advantage estimators against hand-computed values."""
+
+import math
+
+import torch
+from torch.testing import assert_close
+
+from components.algorithms import (
+    gae_advantages, get_advantage, grpo_advantages, opmd_advantages, reinforce_pp_advantages, rloo_advantages,
+)
+
+REWARDS = torch.tensor([1.0, 0.0, 1.0, 0.5])
+GROUPS = ["a", "a", "b", "b"]
+
+
+def test_grpo_std_over_batch():
+    # centred: [.5, -.5, .25, -.25]; batch std of rewards (mean .625): sqrt(.6875/3) = .478714
+    adv = grpo_advantages(REWARDS, GROUPS, std_over="batch", eps=0.0)
+    assert_close(adv, torch.tensor([0.5, -0.5, 0.25, -0.25]) / math.sqrt(0.6875 / 3))
+
+
+def test_rloo_leaves_one_out():
+    # group [1, 0, .5]: 1 − .25, 0 − .75, .5 − .5; a group of one → 0
+    adv = rloo_advantages(torch.tensor([1.0, 0.0, 0.5, 0.7]), [0, 0, 0, 1])
+    assert_close(adv, torch.tensor([0.75, -0.75, 0.0, 0.0]))
+
+
+def test_reinforce_pp_whitens_over_the_batch():
+    # no baseline: (r − .625) / .478714
+    assert_close(reinforce_pp_advantages(REWARDS, GROUPS, eps=0.0),
+                 (REWARDS - 0.625) / math.sqrt(0.6875 / 3))
+    # group baseline: [.5, -.5, .25, -.25] / sqrt(.625/3)
+    assert_close(reinforce_pp_advantages(REWARDS, GROUPS, baseline=True, eps=0.0),
+                 torch.tensor([0.5, -0.5, 0.25, -0.25]) / math.sqrt(0.625 / 3))
+
+
+def test_opmd_uses_the_groups_soft_max_as_baseline():
+    # group [1, 0], τ = 1: baseline log((e + 1)/2) = .620115
+    b = math.log((math.e + 1) / 2)
+    assert_close(opmd_advantages(torch.tensor([1.0, 0.0]), [0, 0]), torch.tensor([1 - b, -b]))
+    # equal rewards → 0; huge rewards stay finite
+    assert_close(opmd_advantages(torch.tensor([3.0, 3.0]), [0, 0]), torch.zeros(2))
+    assert torch.isfinite(opmd_advantages(torch.tensor([1e4, -1e4]), [0, 0], tau=0.1)).all()
+    # a group far below the batch's best reward: its baseline is its own (no exp underflow to log 0)
+    assert_close(opmd_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), ["a", "a", "b", "b"], tau=0.005), torch.zeros(4))
+
+
+def test_gae_by_hand():
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7, 9.0]])  # the 4th token is padding: its value must not leak
+    mask = torch.tensor([[1, 1, 1, 0]])
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0, whiten=False)
+    assert_close(adv, torch.tensor([[0.5, 0.4, 0.3, 0.0]]))  # A_t = Σ r − V_t
+    assert_close(ret, torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
+    # whitened over the 3 unmasked tokens: (A − 0.4) / std([.5, .4, .3]) = [1, 0, −1]; returns unchanged
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert_close(adv, torch.tensor([[1.0, 0.0, -1.0, 0.0]]), atol=1e-5, rtol=0)
+    assert_close(ret, torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
+    adv, _ = gae_advantages(rewards, values, mask, gamma=0.9, lam=0.95, whiten=False)
+    # δ = [.04, .03, .3]; A_2 = .3, A_1 = .03 + .855·.3, A_0 = .04 + .855·A_1
+    a1 = 0.03 + 0.855 * 0.3
+    assert_close(adv, torch.tensor([[0.04 + 0.855 * a1, a1, 0.3, 0.0]]))
+
+
+def test_group_of_one_and_all_equal_rewards_never_nan():
+    for name in ("grpo", "rloo", "reinforce_pp", "opmd"):
+        adv = get_advantage(name)(torch.tensor([0.3, 1.0, 1.0]), [0, 1, 1])
+        assert torch.isfinite(adv).all(), name
+    assert_close(reinforce_pp_advantages(torch.ones(3), [0, 0, 0]), torch.zeros(3))
+
+
+def test_group_ids_as_a_tensor_an_array_or_a_list_give_the_same_advantages():
+    # tensor elements hash by identity: read naively, every row would be its own group (all zeros)
+    import numpy as np
+
+    rewards, ids = torch.tensor([1.0, 0.0, 1.0, 0.5]), [7, 7, 3, 3]
+    expected = grpo_advantages(rewards, ids)
+    assert expected.abs().sum() > 0
+    for fn in (grpo_advantages, rloo_advantages, reinforce_pp_advantages, opmd_advantages):
+        reference = fn(rewards, ids)
+        for same in (torch.tensor(ids), np.array(ids), torch.tensor(ids, dtype=torch.int32)):
+            assert_close(fn(rewards, same), reference)
+    assert_close(grpo_advantages([1.0, 0.0, 1.0, 0.5], ids), expected)  # rewards as a list too
+
+
+def test_group_ids_of_the_wrong_shape_are_refused_in_one_line():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"group_ids must be one-dimensional, got shape \(2, 2\)"):
+        grpo_advantages(torch.zeros(4), torch.zeros(2, 2))
+    with pytest.raises(ValueError, match=r"rewards must be \(B,\) with B = len\(group_ids\) = 3, got shape \(4,\)"):
+        rloo_advantages(torch.zeros(4), [0, 0, 1])

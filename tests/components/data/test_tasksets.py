@@ -1,0 +1,72 @@
+import json
+
+import pytest
+
+from components.config import TasksetConfig
+from components.explore.rewards import make_reward_fn
+from components.buffer.selectors import select_tasks
+from components.data.tasksets import TasksetError, check_taskset, load_tasks
+
+ARITH = dict(source="reasoning_gym:chain_sum", params={"min_terms": 2, "max_terms": 2, "max_digits": 2},
+             size=3000, eval_size=100, prompt_template="{expression} =")
+
+
+def test_reasoning_gym_splits_are_disjoint_and_templated():
+    split = load_tasks(TasksetConfig(**ARITH), seed=0)
+    train, held_out = split.train, split.held_out
+    assert len(held_out) == 100 and len(train) > 1000
+    assert not {t.question for t in train} & {t.question for t in held_out}
+    task = train[0]
+    assert task.prompt == task.metadata["expression"] + " ="
+    reward = make_reward_fn("score_answer", ARITH["source"])
+    assert reward(f" {task.answer} ", task) == 1.0 and reward("nonsense", task) < 1.0
+
+
+def test_round_selection_is_deterministic_and_covers_the_taskset():
+    train = load_tasks(TasksetConfig(**ARITH), seed=0).train
+    first = select_tasks(train, 1, 32, seed=0)
+    assert [t.task_id for t in first] == [t.task_id for t in select_tasks(train, 1, 32, seed=0)]
+    seen = {id(t) for r in range(1, len(train) // 32 + 1) for t in select_tasks(train, r, 32, seed=0)}
+    assert len(seen) >= len(train) - 32  # one pass over the shuffled taskset
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_taskset_loads_with_disjoint_eval(tmp_path):
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(50)])
+    split = load_tasks(TasksetConfig(source=str(path), eval_size=10), seed=1)
+    assert len(split.held_out) == 10 and len(split.train) == 40 and split.quarantined.num_rows == 0
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("{not json", r"t\.jsonl:3: expect_column_values_to_be_null\(parse_error\): not valid JSON"),
+        ({"question": "1+1="}, r"t\.jsonl:3: expect_column_values_to_not_be_null\(answer\)"),
+        ({"question": "", "answer": "2"}, r"t\.jsonl:3: expect_column_value_lengths_to_be_between\(question\)"),
+        ([1, 2], r"t\.jsonl:3: .*expected an object"),
+    ],
+)
+def test_malformed_task_row_is_named_by_file_and_line(tmp_path, row, message):  # 1 bad of 3 > 10%: stop
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"question": "1+1=", "answer": "2"}] * 2 + [row])
+    with pytest.raises(TasksetError, match=message):
+        check_taskset(TasksetConfig(source=str(path)))
+
+
+def test_missing_file_unknown_dataset_and_template_field(tmp_path):
+    with pytest.raises(TasksetError, match="taskset file not found"):
+        check_taskset(TasksetConfig(source=str(tmp_path / "absent.jsonl")))
+    with pytest.raises(TasksetError, match="not registered"):
+        check_taskset(TasksetConfig(source="reasoning_gym:no_such_dataset"))
+    with pytest.raises(TasksetError, match="unknown field 'nope'; available: .*expression"):
+        check_taskset(TasksetConfig(source="reasoning_gym:chain_sum", prompt_template="{nope}"))
+
+
+def test_invalid_utf8_is_named_by_its_line_even_after_blank_lines(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"question": "1+1=", "answer": "2"}\n\n\n{"question": "\xff", "answer": "2"}\n')
+    with pytest.raises(TasksetError, match=r"t\.jsonl:4: .*not valid UTF-8"):
+        check_taskset(TasksetConfig(source=str(path)))

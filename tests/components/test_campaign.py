@@ -1,0 +1,127 @@
+"""``Campaign`` without Prefect: the round defined once, every algorithm preset through two rounds
+on builtin:tiny, the buffer's options, the contract threshold of a round."""
+
+import math
+
+import pytest
+
+from components.algorithms import PRESETS
+from components.campaign import ROUND, Campaign
+from components.config import load_config
+
+
+@pytest.fixture
+def started(tmp_path, default_config, small):
+    """``started(*overrides)``: a small campaign, prepared and warm-started, ready for its rounds."""
+    def start(*overrides: str) -> Campaign:
+        campaign = Campaign(default_config, tmp_path, [*small, *overrides])
+        campaign.prepare()
+        campaign.warm_start()
+        return campaign
+
+    return start
+
+
+def test_the_round_is_one_list_of_stage_methods_that_the_flow_walks_too():
+    from tasks.stages import ROUND_TASKS
+
+    assert ROUND == ("explore", "verify", "buffer", "train", "sync")
+    assert tuple(ROUND_TASKS) == ROUND and all(callable(getattr(Campaign, stage)) for stage in ROUND)
+    assert [t.name for t in ROUND_TASKS.values()] == list(ROUND)  # one name per stage, in Prefect too
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_preset_runs_two_rounds(preset, started):
+    campaign = started(
+        f"name=p-{preset}", f"algorithm.name={preset}",
+        # DPO pairs need groups with a right and a wrong answer: a longer warm start, dynamic sampling
+        *(["trainer.warmup_steps=100", "algorithm.dynamic_sampling=true"] if preset == "dpo" else []),
+    )
+    for r in (1, 2):
+        metrics = campaign.run_round(r)
+        assert all(math.isfinite(v) for v in metrics.values()), metrics
+        if preset == "dapo":  # an untrained model's groups mostly score all 0: dynamic sampling drops them
+            informative = metrics["explore/rows"] / 4 - metrics["sample/dropped_groups"]
+            # ... and refills: more task batches until 4 groups with signal, or the 4-batch limit
+            assert metrics["explore/batches"] == 4 or (metrics["explore/batches"] > 1 and informative >= 4)
+            assert metrics["train/steps"] == math.ceil(min(informative, 4) * 4 / 16)
+            continue
+        assert metrics["train/steps"] >= 1
+        if preset == "dpo":
+            assert metrics["sample/pairs"] >= 1 and metrics["train/steps"] == math.ceil(metrics["sample/pairs"] * 2 / 16)
+        assert metrics["sync/weight_version"] == r + 1  # the warm start synced once
+    expected = {"sft": "loss/sft", "mix": "loss/sft", "dapo": "sample/dropped_groups", "ppo": "critic/loss",
+                "dpo": "dpo/reward_accuracy"}.get(preset, "loss/policy")
+    assert expected in metrics
+
+
+def test_kl_entropy_and_staleness_options_run_in_a_campaign(started):
+    campaign = started("name=reg", "algorithm.name=grpo", "algorithm.kl_coef=0.05",
+                        "algorithm.entropy_coef=0.001", "algorithm.max_staleness=0")
+    metrics = [campaign.run_round(r) for r in (1, 2)][-1]
+    # on-policy: every row is from the current version, none is stale
+    assert metrics["sample/dropped_stale"] == 0 and metrics["train/steps"] == 1
+    assert metrics["kl/low_var_kl"] >= 0 and metrics["policy/entropy"] > 0
+
+
+def test_mix_expert_ratio_sets_the_expert_share_of_the_round(started):
+    campaign = started("name=ratio", "algorithm.name=mix", "buffer.expert_ratio=0.25")
+    metrics = campaign.run_round(1)
+    # 16 explorer rows taken; 25% expert → 16 · .25/.75 = 5.33 → 5 rows; 21 rows in micro-batches of 16
+    assert metrics["sample/usual_rows"] == 16 and metrics["sample/expert_rows"] == 5
+    assert metrics["train/steps"] == 2
+
+
+def test_replay_buffer_and_curriculum_run_in_a_campaign(started):
+    campaign = started("name=cur", "algorithm.name=grpo", "buffer.sampling=replay",
+                        "buffer.train_rows=32", "explorer.task_selector=curriculum")
+    metrics = [campaign.run_round(r) for r in (1, 2)]
+    # round 2 replays 32 rows (8 groups) out of the 2 rounds' 32 rows; each group used at most twice
+    assert metrics[0]["sample/usual_rows"] == 16 and metrics[1]["sample/usual_rows"] == 32
+    uses = campaign.store.read_state("replay_uses")
+    assert len(uses) == 8 and set(uses.values()) <= {1, 2}
+    rates = campaign.pass_rates()
+    assert rates.rounds == {1, 2} and sum(n for _, n in rates.tasks.values()) == 32
+    assert 0 <= metrics[1]["tasks/mean_pass_rate"] <= 1
+
+
+def test_prioritize_orders_train_tasks_by_pass_rates_measured_in_the_store(tmp_path, default_config, small):
+    from components.buffer.layout import CampaignStore
+    from components.buffer.store import open_store
+    from components.data.tasksets import load_tasks
+
+    cfg = load_config(default_config, [*small, "name=second", f"storage.url={(tmp_path / 'store').as_uri()}",
+                               "explorer.task_selector=sequential", "pipelines.tasks=[{op: prioritize, target: 0.0}]"])
+    train = load_tasks(cfg.taskset, cfg.seed, cfg.contracts).train
+    # what an earlier campaign in this store measured (reward sum, attempts) for three of its tasks
+    measured = {train[5].task_id: [4.0, 4], train[9].task_id: [0.0, 8], train[20].task_id: [2.0, 4]}
+    CampaignStore(open_store(cfg.storage.url), "first").write_state("pass_rates", {"rounds": [1], "tasks": measured})
+    campaign = Campaign(cfg, tmp_path / "run")
+    campaign.prepare()
+    order = [t.task_id for t in campaign.train_tasks]
+    # hardest first: 0/8, then every unmeasured task (shrunk to the mean, 6/16), then 2/4, then 4/4
+    assert order[0] == train[9].task_id and order[-2:] == [train[20].task_id, train[5].task_id]
+    assert sorted(order) == sorted(t.task_id for t in train)  # reordered, nothing lost
+
+
+def test_a_round_past_the_contract_threshold_fails_and_keeps_its_bad_rows(started):
+    from components.data.contracts import ContractError
+
+    # rewards below 0.5 break this contract: the barely trained policy gets most answers wrong
+    campaign = started("name=strict", "algorithm.name=grpo", "contracts.reward_min=0.5")
+    campaign.explore(1)
+    with pytest.raises(ContractError, match=r"round 1 experiences: \d+ of 16 rows .* first: .*between\(reward\)"):
+        campaign.verify(1)
+    bad = campaign.store.read_kind("failed", 1)
+    assert bad.num_rows > 0.1 * 16 and set(bad.column("reason").to_pylist()) == {"expect_column_values_to_be_between(reward)"}
+    assert bad.num_rows == campaign.validation_log[-1].quarantined  # the report counts the same rows
+    assert campaign.store.read_kind("quarantine").num_rows == 0  # a failed round's rows are apart
+    # the round runs again under a looser threshold: its rows are quarantined once, under the round
+    loose = campaign.cfg.contracts.model_copy(update={"max_bad_fraction": 1.0})
+    campaign.cfg = campaign.cfg.model_copy(update={"contracts": loose})
+    campaign.verify(1)
+    campaign.buffer(1)
+    again = campaign.store.read_kind("quarantine", 1)
+    assert sorted(again.column("experience_id").to_pylist()) == sorted(bad.column("experience_id").to_pylist())
+    counts = {c["kind"]: c["rows"] for c in campaign.store.counts() if c["round"] == 1 and c["kind"] != "usual"}
+    assert counts == {"quarantine": bad.num_rows, "failed": bad.num_rows}

@@ -1,0 +1,34 @@
+"""A learning claim tested by learning: with a fixed seed, GRPO alone raises the reward."""
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from components.campaign import Campaign
+
+
+def comparison_tasks(path: Path) -> Path:
+    """"a?b" → "<" or ">" for distinct digits: easy to learn, and half right by chance."""
+    rows = [{"question": f"{a}?{b}", "answer": "<" if a < b else ">"} for a in range(10) for b in range(10) if a != b]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.slow
+def test_grpo_raises_reward_on_an_easy_task(tmp_path, default_config):
+    torch.set_num_threads(2)
+    campaign = Campaign(default_config, tmp_path, [
+        "name=learn", "seed=0", f"taskset.source={comparison_tasks(tmp_path / 'cmp.jsonl')}",
+        "taskset.eval_size=10", "taskset.prompt_template={question}=", "reward.function=exact_match",
+        "algorithm.name=grpo", "trainer.lr=1e-3", "trainer.micro_batch_size=32", "trainer.warmup_steps=10",
+        "explorer.tasks_per_round=16", "explorer.repeat_times=8", "explorer.max_new_tokens=3",
+    ])
+    campaign.prepare()
+    campaign.warm_start()  # 10 SFT steps teach the answer format only: about half right by chance
+    rewards = [campaign.run_round(r)["reward/mean"] for r in range(1, 31)]
+    first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-5:])
+    print(f"reward: first 5 rounds {first:.3f} → last 5 rounds {last:.3f}")
+    assert last > first + 0.25

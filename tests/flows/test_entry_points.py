@@ -1,0 +1,48 @@
+"""The validation gate at the flow's entry points: ``rft_campaign`` called with a mapping or a YAML
+path, and a run of a deployment of it (served by a Prefect runner, run in its own process) —
+bad input ends the flow run Failed with the culprit in its one-line message, nothing written."""
+
+import asyncio
+
+import pytest
+
+from components.config import ConfigError
+
+
+@pytest.mark.parametrize("as_mapping", [True, False], ids=["mapping", "yaml path"])
+def test_the_flow_called_with_bad_input_fails_before_any_work(prefect_api, tmp_path, default_config, as_mapping):
+    from components.config import load_config
+    from flows.campaign import rft_campaign
+
+    config = load_config(default_config).model_dump(mode="json") if as_mapping else str(default_config)
+    overrides = ["storage.url=ftp://x/y"]
+    state = rft_campaign(config, str(tmp_path / "run"), overrides=overrides, return_state=True)
+    assert state.is_failed() and state.message == ("storage.url 'ftp://x/y': unsupported scheme 'ftp'; "
+                                                   "supported: file://, s3://")
+    with pytest.raises(ConfigError, match="unknown config key 'trainer.lrr'"):  # a direct call raises it
+        rft_campaign(config, str(tmp_path / "run"), overrides=["trainer.lrr=1"])
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_deployment_run_passes_the_same_gate(prefect_api, tmp_path, default_config):
+    from prefect import get_client
+    from prefect.runner import Runner
+
+    from flows.campaign import rft_campaign
+
+    runner = Runner(name="gate-test")
+    deployment = runner.add_flow(rft_campaign, name="gate-test", parameters={"config": str(default_config)})
+
+    async def run_deployment() -> tuple[str, str]:
+        async with get_client() as client:
+            run = await client.create_flow_run_from_deployment(deployment, parameters={
+                "config": str(default_config), "run_dir": str(tmp_path / "run"), "overrides": ["model.path=/nonexistent"]})
+        await runner.execute_flow_run(run.id)  # in a new process, as a worker would
+        async with get_client() as client:
+            state = (await client.read_flow_run(run.id)).state
+        return state.type.value, state.message
+
+    kind, message = asyncio.run(run_deployment())
+    assert kind == "FAILED" and message.startswith("model.path '/nonexistent': no such directory")
+    assert not (tmp_path / "run").exists()
