@@ -8,10 +8,13 @@ each stage can be retried on its own. Nothing here imports Prefect: ``tasks/`` w
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,22 +35,25 @@ from components.explore.engines import HFRolloutEngine
 from components.explore.models import load_model
 from components.explore.rewards import make_reward_fn
 from components.explore.sync import MemoryWeightSync
-from components.preflight import preflight
+from components.preflight import Preflight, preflight
+from components.train.checkpoints import load_trainer, save_trainer
 from components.train.trainer import Trainer
 
 ROUND = ("explore", "verify", "buffer", "train", "sync")  # a round's stages, in order: one method each
+RESUMABLE_STATE = ("fifo_cursor", "replay_uses", "pass_rates")  # buffer state a checkpoint restores
 
 
 class Campaign:
     """Model copies (trainer + explorer), store, sampler, reward and weight sync of one campaign.
 
     ``config`` is a ``CampaignConfig``, a mapping of its keys or a YAML path; it passes
-    ``preflight`` (the validation gate) before anything is loaded or written.
+    ``preflight`` (the validation gate) before anything is loaded or written (or it is what
+    ``preflight`` returned).
     """
 
-    def __init__(self, config: CampaignConfig | Mapping[str, Any] | str | Path, run_dir: str | Path | None = None,
-                 overrides: Sequence[str] = ()):
-        checked = preflight(config, run_dir, overrides)
+    def __init__(self, config: Preflight | CampaignConfig | Mapping[str, Any] | str | Path,
+                 run_dir: str | Path | None = None, overrides: Sequence[str] = ()):
+        checked = config if isinstance(config, Preflight) else preflight(config, run_dir, overrides)
         cfg = self.cfg = checked.cfg
         self.run_dir, self.algorithm = checked.run_dir, checked.algorithm
         torch.manual_seed(cfg.seed)
@@ -97,12 +103,13 @@ class Campaign:
         return {**metrics, "tasks/train": len(train), "tasks/eval": len(taskset.held_out),
                 "tasks/quarantined": taskset.quarantined.num_rows, "tasks/expert": verdict.accepted.num_rows}
 
-    def validation_entries(self) -> list[ValidationEntry]:
+    def validation_entries(self, ingested: bool = True) -> list[ValidationEntry]:
         """Every checked batch for the validation report: the files ingested into the campaign's
-        store (by ``rftflow ingest``, before or during the run), then this run's checks."""
-        ingested = [ValidationEntry(f"ingested {r['kind']} file", 0, r["rows"], r["accepted"], r["quarantined"],
-                                    r["reasons"]) for r in self.store.ingest_reports()]
-        return [*ingested, *self.validation_log]
+        store (by ``rftflow ingest``, before or during the run; read from the store unless
+        ``ingested`` is False), then this run's checks."""
+        files = [ValidationEntry(f"ingested {r['kind']} file", 0, r["rows"], r["accepted"], r["quarantined"],
+                                 r["reasons"]) for r in (self.store.ingest_reports() if ingested else [])]
+        return [*files, *self.validation_log]
 
     def _record(self, stage: str, round_no: int, rows: int, rejected: pa.Table) -> None:
         """Add a line to the validation log (the campaign's validation report); a retried stage
@@ -208,7 +215,7 @@ class Campaign:
     def train(self, round_no: int) -> dict[str, float]:
         """Update the policy on the round's batch (see ``buffer.sampling``: explorer rows by FIFO or
         replay, plus expert rows, mixed and ordered); then mark those explorer rows consumed."""
-        batch = self.sampler.round_batch(self.weights.version)
+        batch = self.sampler.round_batch(self.weights.version, round_no)
         lr = self.trainer.round_lr(round_no, self.cfg.rounds)
         self.trainer.set_lr(lr)
         metrics = {**self.trainer.train(batch.rows, batch.steps), **batch.metrics, "train/lr": lr}
@@ -241,12 +248,44 @@ class Campaign:
         """Greedy accuracy of the explorer's (latest synced) model on the held-out split."""
         return explorer.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.eval.max_new_tokens)
 
-    def save_model(self, out_dir: str | Path) -> Path:
-        """The trained policy + tokenizer in Hugging Face format, also copied to the store."""
-        out = Path(out_dir)
-        self.trainer.unwrapped.save_pretrained(out)
+    # checkpoints -----------------------------------------------------------------------------
+    def checkpoint(self, round_no: int, out: Path, **meta: Any) -> dict[str, Any]:
+        """Write everything needed to continue after ``round_no`` into ``out`` — the trainer (a
+        Hugging Face model directory with the tokenizer, optimizer, critic, reference), the
+        samplers' and torch's RNG states, the buffer's state files, the validation log — and commit
+        it to the store as ``checkpoints/vNNNNNN`` (NNNNNN = the weight version). Returns its manifest."""
+        save_trainer(self.trainer, out)
         self.tokenizer.save_pretrained(out)
-        prefix = self.store.checkpoint_prefix(self.weights.version)
-        for f in sorted(out.iterdir()):
-            self.store.objects.put(f"{prefix}/{f.name}", f.read_bytes())
-        return out
+        resume = {
+            "round": round_no, "weight_version": self.weights.version,
+            "sampler": {"pick": self.sampler.pick_rng.getstate(), "order": self.sampler.order_rng.getstate()},
+            "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+            "buffer_state": {name: self.store.read_state(name) for name in RESUMABLE_STATE},
+            "validation_log": [asdict(e) for e in self.validation_log],
+        }
+        (out / "campaign.json").write_text(json.dumps(resume))
+        meta = {**meta, "round": round_no, "weight_version": self.weights.version}
+        self.store.write_checkpoint(self.weights.version, out, meta)
+        return {**meta, "prefix": self.store.checkpoint_prefix(self.weights.version)}
+
+    def restore(self, version: int, into: Path) -> int:
+        """Continue from committed checkpoint ``version`` (downloaded into ``into``): trainer,
+        explorer weights, RNG states, buffer state and validation log as they were when it was
+        written. Returns its round."""
+        self.store.read_checkpoint(version, into)
+        load_trainer(self.trainer, into)
+        resume = json.loads((into / "campaign.json").read_text())
+        self.weights.restore(resume["weight_version"])
+        for rng, saved in ((self.sampler.pick_rng, resume["sampler"]["pick"]),
+                           (self.sampler.order_rng, resume["sampler"]["order"])):
+            rng.setstate((saved[0], tuple(saved[1]), saved[2]))
+        for name in RESUMABLE_STATE:
+            value = resume["buffer_state"][name]
+            if value is None:
+                self.store.delete_state(name)
+            else:
+                self.store.write_state(name, value)
+        self.validation_log = [ValidationEntry(**e) for e in resume["validation_log"]]
+        rng = torch.frombuffer(bytearray(base64.b64decode(resume["torch_rng"])), dtype=torch.uint8)
+        torch.set_rng_state(rng.clone())
+        return resume["round"]

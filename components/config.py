@@ -169,6 +169,16 @@ class TrainerConfig(_Section):
     )
 
 
+class CheckpointConfig(_Section):
+    every: int = Field(
+        10, gt=0, description="Checkpoint every k rounds (and after the warm start and the last round): weights, "
+        "optimizer, RNG and buffer state in the store and the MLflow run; a stopped campaign resumes from the newest.",
+    )
+    keep_last: int = Field(2, gt=0, description="Keep the newest k checkpoints (older ones are deleted from the "
+                           "store and the MLflow run).")
+    keep_best: bool = Field(True, description="Also keep the checkpoint with the best held-out accuracy.")
+
+
 class EvalConfig(_Section):
     every: int = Field(5, gt=0, description="Greedy held-out evaluation every k rounds (and before/after).")
     max_new_tokens: int = Field(16, gt=0, description="Longest greedy answer, in tokens.")
@@ -245,6 +255,11 @@ class StorageConfig(_Section):
         None, gt=0, description="S3 attempts per request (retries back off on throttling and 5xx); default: "
         "AWS_MAX_ATTEMPTS, else 5.",
     )
+    outage_seconds: float = Field(
+        120.0, ge=0, description="S3: how long an operation keeps trying once botocore's attempts are spent "
+        "(connection refused, throttling, 5xx), backing off up to 10 s; past it the stage fails in one line and "
+        "the same command resumes the campaign later.",
+    )
 
     @field_validator("url", "endpoint_url")
     @classmethod
@@ -273,6 +288,7 @@ class CampaignConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     contracts: ContractsConfig = Field(default_factory=ContractsConfig)
     pipelines: PipelinesConfig = Field(default_factory=PipelinesConfig)
@@ -312,6 +328,18 @@ MOVED_KEYS = {
     "algorithm.max_explore_batches": "explorer.max_explore_batches",
     "algorithm.critic_lr": "trainer.critic_lr",
 }
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} → {"a.b": 1} (a config as its dotted keys)."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
 
 
 def _apply_override(data: dict, assignment: str) -> None:

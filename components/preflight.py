@@ -12,12 +12,17 @@ loaded, with one ``ConfigError`` line naming the culprit:
 - the algorithm: an unknown preset part or advantage option, a pairwise loss on expert rows;
 - the pipelines: an unknown operator or option, an option value of the wrong type;
 - the taskset: a missing or unreadable task file, too many bad rows, an unknown reasoning-gym
-  dataset or parameter, a prompt template that names a missing field.
+  dataset or parameter, a prompt template that names a missing field;
+- the campaign already in the run dir's store: started with another config (the line lists the
+  keys that differ; ``restart`` moves it aside instead), or running right now in another process.
+
+A finished campaign passes: ``Preflight.previous`` tells callers, who then have nothing to do.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +31,8 @@ from urllib.parse import urlsplit
 
 from components.algorithms import Algorithm
 from components.buffer.layout import run_store_url
-from components.buffer.store import parse_store_url, redact_url
+from components.buffer.state import CampaignState, StateStore, config_changes
+from components.buffer.store import open_store, parse_store_url, redact_url, store_options
 from components.config import CampaignConfig, ConfigError, load_config
 from components.data.pipelines import check_pipeline
 from components.data.tasksets import check_taskset
@@ -43,6 +49,11 @@ class Preflight:
     cfg: CampaignConfig
     run_dir: Path
     algorithm: Algorithm
+    previous: CampaignState | None = None  # the state of the campaign already in the store, if any
+
+    @property
+    def finished(self) -> bool:
+        return self.previous is not None and self.previous.status == "finished"
 
     @property
     def tracking_uri(self) -> str:
@@ -54,12 +65,13 @@ class Preflight:
 
 
 def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = None,
-              run_dir: str | Path | None = None, overrides: Sequence[str] = ()) -> Preflight:
+              run_dir: str | Path | None = None, overrides: Sequence[str] = (), *, restart: bool = False) -> Preflight:
     """Check a campaign before any work (see the module docstring); ``ConfigError`` on the first problem.
 
     ``config``: a ``CampaignConfig``, a mapping of its keys, the path of a campaign YAML file, or
     None (all defaults); ``overrides``: ``key.path=value`` strings; ``run_dir`` defaults to
-    ``runs/<name>``.
+    ``runs/<name>``; ``restart``: the campaign already there will be moved aside, so its config
+    may differ.
     """
     cfg = load_config(config, overrides)
     out = Path(run_dir if run_dir is not None else Path("runs") / cfg.name).expanduser().resolve()
@@ -74,12 +86,41 @@ def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = N
         if not algorithm.uses_explorer and cfg.buffer.expert_per_round == 0:
             raise ValueError(f"buffer.expert_per_round must be > 0 for {algorithm.name!r} (it trains on expert "
                              "rows only)")
-        check_taskset(cfg.taskset, cfg.contracts)  # last: it reads the task file or generates a task
+        check_taskset(cfg.taskset, cfg.contracts)  # it reads the task file or generates a task
+        previous = None if restart else _previous_state(cfg, out)
     except ConfigError:
         raise
     except (ValueError, OSError) as e:  # each names its key, file or URL
         raise ConfigError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
-    return Preflight(cfg, out, algorithm)
+    return Preflight(cfg, out, algorithm, previous)
+
+
+def _previous_state(cfg: CampaignConfig, run_dir: Path) -> CampaignState | None:
+    """The state of campaign ``cfg.name`` in the run's store (None if it never started); fails if it
+    was started with another config or is running in another process. Reads, never writes."""
+    url = run_store_url(cfg.storage, run_dir)
+    scheme, location, _ = parse_store_url(url)
+    if scheme == "file" and not (Path(location) / cfg.name / "state").is_dir():
+        return None  # (opening a FileStore would create its directory)
+    try:
+        store = open_store(url, **(store_options(cfg.storage) if scheme == "s3" else {}))
+        previous = StateStore(store, cfg.name).read()
+    except Exception as e:  # noqa: BLE001 — botocore's errors (no such bucket, access denied) in one line
+        if isinstance(e, (ValueError, ConfigError)):
+            raise
+        raise ValueError(f"storage.url {redact_url(url)}: cannot read campaign {cfg.name!r}: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if previous is None:
+        return None
+    changes = config_changes(previous.config, cfg.model_dump(mode="json"))
+    if changes:
+        raise ValueError(f"run dir {run_dir} holds campaign {cfg.name!r} with another config: {'; '.join(changes)}; "
+                         "run it with its own config, or start over with --restart (the old run is moved aside)")
+    if previous.alive_elsewhere():
+        last = previous.attempt
+        raise ValueError(f"campaign {cfg.name!r} is running now (pid {last.pid} on {last.host}, last written "
+                         f"{time.time() - previous.heartbeat:.0f} s ago): wait for it, or stop it first")
+    return previous
 
 
 def _check_run_dir(run_dir: Path) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from components.config import flatten
+
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 # A new SQLite store logs its schema set-up at INFO on every first use.
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
@@ -29,59 +31,74 @@ def mask_secrets(key: str, value: Any) -> str:
     return URL_USERINFO.sub("***@", str(value))
 
 
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} → {"a.b": 1}."""
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 class Tracker:
-    """One MLflow run: params, step metrics, artifacts, registration."""
+    """One MLflow run: params, step metrics, artifacts, registration.
+
+    ``run_id`` reopens an existing run (a resumed campaign): it is set RUNNING again, and a metric
+    is never logged twice at one step (``logged`` holds the (key, step) pairs already there), so a
+    round redone after a crash leaves one value per key and round.
+    """
 
     def __init__(self, uri: str, experiment: str, run_name: str, *, artifact_root: Path | None = None,
                  tags: Mapping[str, str] | None = None, run_id: str | None = None):
         from mlflow import MlflowClient
 
         self.uri = uri
-        self.client = MlflowClient(uri)
+        self.client = MlflowClient(uri, registry_uri=uri)
+        self.logged: set[tuple[str, int]] = set()
+        if run_id is not None:
+            self.run_id = run_id
+            run = self.client.get_run(run_id)
+            for key in run.data.metrics:
+                self.logged |= {(key, m.step) for m in self.client.get_metric_history(run_id, key)}
+            self.client.update_run(run_id, status="RUNNING")
+            return
         found = self.client.get_experiment_by_name(experiment)
         if found is not None:
             experiment_id = found.experiment_id
         else:
             location = (artifact_root / experiment).as_uri() if artifact_root else None
             experiment_id = self.client.create_experiment(experiment, artifact_location=location)
-        if run_id is None:
-            run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
-        self.run_id = run_id
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log ``params`` (flattened, secrets masked); a resumed run already holds them."""
         from mlflow.entities import Param
 
+        if self.client.get_run(self.run_id).data.params:
+            return  # params are immutable in MLflow: a resumed run has them (and its config did not change)
         items = [Param(k, mask_secrets(k, v)[:6000]) for k, v in flatten(params).items()]
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=items[i:i + 100])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log each metric at ``step`` unless this run already has it at that step."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        new = [Metric(k, float(v), now, step) for k, v in metrics.items() if (k, step) not in self.logged]
+        if new:
+            self.client.log_batch(self.run_id, metrics=new)
+            self.logged |= {(m.key, step) for m in new}
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> str:
         """Upload a directory; returns its artifact URI."""
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
         return f"{self.client.get_run(self.run_id).info.artifact_uri}/{artifact_path}"
 
+    def delete_artifacts(self, artifact_path: str) -> None:
+        """Delete a directory of the run's artifacts (an old checkpoint)."""
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        get_artifact_repository(self.client.get_run(self.run_id).info.artifact_uri).delete_artifacts(artifact_path)
+
     def register(self, name: str, source: str, tags: Mapping[str, str]) -> str:
-        """Register ``source`` as a new version of model ``name``; returns the version."""
+        """Register ``source`` as a new version of model ``name``; returns the version. Once per
+        run: a version this run already registered (before a crash) is returned instead."""
         from mlflow.exceptions import MlflowException
 
+        for version in self.client.search_model_versions(f"name='{name}' and run_id='{self.run_id}'"):
+            return str(version.version)
         try:
             self.client.create_registered_model(name)
         except MlflowException as e:
@@ -91,4 +108,5 @@ class Tracker:
         return str(version.version)
 
     def finish(self, status: str = "FINISHED") -> None:
+        """End the run: FINISHED, FAILED or KILLED."""
         self.client.set_terminated(self.run_id, status=status)

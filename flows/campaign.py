@@ -1,27 +1,120 @@
 """The ``rft_campaign`` flow: prepare, (warm start), then rounds of explore → verify → buffer →
-train → sync (``components.campaign.ROUND``), held-out evaluation every k rounds, and the final
-model registered in MLflow."""
+train → sync (``components.campaign.ROUND``), held-out evaluation every k rounds, a checkpoint
+every ``checkpoint.every`` rounds, and the final model registered in MLflow.
+
+Durable: a campaign whose run dir holds an unfinished attempt resumes from its newest checkpoint
+(``components.run``), a finished one is left as it is, and a Prefect retry of the flow resumes the
+same way. SIGINT/SIGTERM stop it after the current stage.
+"""
 
 from __future__ import annotations
 
 import json
 import re
-import time
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, runtime
 from prefect.artifacts import create_markdown_artifact
-from prefect.states import Failed, State
+from prefect.states import Cancelled, Completed, Failed, State
 
-from components.campaign import ROUND, Campaign
+from components.campaign import ROUND
 from components.config import ConfigError
-from components.data.report import validation_report
-from components.preflight import preflight
-from components.tracking import Tracker
+from components.buffer.store import StoreUnavailable
+from components.data.contracts import ContractError
+from components.preflight import Preflight, preflight
+from components.run import CampaignRun, move_aside
 from flows.progress import CampaignProgress
-from tasks.register import register
-from tasks.stages import ROUND_TASKS, evaluate, prepare, warm_start
+from tasks.stages import TASKS
+
+
+class Interrupted(Exception):
+    """The campaign stopped at a safe point on SIGINT/SIGTERM; the message says how to resume."""
+
+
+def _date() -> str:
+    """The flow run's scheduled day (today, outside a scheduled run), for ``{date}`` templates."""
+    scheduled = runtime.flow_run.scheduled_start_time
+    return (scheduled or datetime.now(timezone.utc)).strftime("%Y-%m-%d")
+
+
+def _filled(text: str | None) -> str | None:
+    return None if text is None else text.replace("{date}", _date())
+
+
+def _flow_run_name() -> str:
+    """The campaign's name (a ``name=`` override, else the mapping's name or the YAML file's stem)
+    and the day: ``arith-mix-2026-11-23``."""
+    params = runtime.flow_run.parameters
+    name = None
+    for assignment in params.get("overrides") or []:
+        key, _, value = assignment.partition("=")
+        name = _filled(value.strip()) if key.strip() == "name" else name
+    config = params["config"]
+    name = name or (str(config.get("name", "campaign")) if isinstance(config, dict) else Path(config).stem)
+    return name if name.endswith(_date()) else f"{name}-{_date()}"
+
+
+def summary_line(checked: Preflight) -> str:
+    """One line on a finished campaign found in the run dir."""
+    state = checked.previous
+    ended = state.attempt.ended_at if state.attempts else state.updated_at
+    accuracy = state.evals.get(str(checked.cfg.rounds))
+    return (f"campaign {state.campaign} in {checked.run_dir} finished at {ended} ({checked.cfg.rounds} rounds"
+            + (f", held-out accuracy {accuracy:.3f}" if accuracy is not None else "")
+            + (f", model {checked.cfg.tracking.registered_model} v{state.model_version}" if state.model_version else "")
+            + "): nothing to do; --restart runs it again")
+
+
+@contextmanager
+def stop_on_signals(run: CampaignRun) -> Iterator[None]:
+    """SIGINT and SIGTERM ask ``run`` to stop after its current stage (a second one stops at once)."""
+    def request(signum, _frame) -> None:
+        if run.stop_requested:
+            raise KeyboardInterrupt
+        run.stop_requested = signal.Signals(signum).name
+
+    try:
+        previous = {s: signal.signal(s, request) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: Prefect's own cancellation applies
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _stop_if_asked(run: CampaignRun, round_no: int, stage: str) -> None:
+    if run.stop_requested:
+        resume = (f"the checkpoint of round {run.state.checkpoint_round}" if run.state.checkpoint_round is not None
+                  else "the start")
+        raise Interrupted(f"campaign {run.cfg.name} stopped ({run.stop_requested}) after round {round_no} {stage}; "
+                          f"run the same command to resume from {resume}")
+
+
+def _mark_crashed(run: CampaignRun) -> None:
+    """Flow runs of attempts that were killed (they never recorded an end) still say Running in
+    Prefect: mark them Crashed, naming the flow run that resumes them."""
+    from prefect import get_client
+    from prefect.states import Crashed
+
+    with get_client(sync_client=True) as client:
+        for attempt in run.killed:
+            if not attempt.flow_run_id:
+                continue
+            try:
+                flow_run = client.read_flow_run(attempt.flow_run_id)
+            except Exception:  # noqa: BLE001 — a run on another Prefect server: nothing to mark here
+                continue
+            if flow_run.state is not None and not flow_run.state.is_final():
+                client.set_flow_run_state(attempt.flow_run_id, Crashed(
+                    message=f"its process was killed; flow run {run.flow_run_id} resumed the campaign"), force=True)
 
 
 def _summary_markdown(summary: dict[str, Any]) -> str:
@@ -29,79 +122,58 @@ def _summary_markdown(summary: dict[str, Any]) -> str:
     return f"# Campaign `{summary['campaign']}`\n\n| key | value |\n| --- | --- |\n{rows}\n"
 
 
-def _flow_run_name() -> str:
-    """The campaign's name: a ``name=`` override, else the config mapping's name or the YAML file's stem."""
-    params = runtime.flow_run.parameters
-    for assignment in reversed(params.get("overrides") or []):
-        key, _, value = assignment.partition("=")
-        if key.strip() == "name":
-            return value.strip()
-    config = params["config"]
-    return str(config.get("name", "campaign")) if isinstance(config, dict) else Path(config).stem
-
-
-def _validation_report(campaign: Campaign, tracker: Tracker, out: Path) -> tuple[Path, str]:
-    """Write ``<run dir>/validation/validation.md`` and log it to the MLflow run; (path, artifact URI)."""
-    path = out / "validation" / "validation.md"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(validation_report(campaign.validation_entries(), campaign.cfg.name))
-    return path, tracker.log_artifacts(path.parent, "validation")
-
-
 @flow(name="rft_campaign", flow_run_name=_flow_run_name)
 def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overrides: list[str] | None = None,
-                 show_progress: bool = False) -> dict[str, Any] | State:
-    """Run one campaign into ``run_dir`` (default ``runs/<name>``); returns (and writes) its summary.
+                 restart: bool = False, show_progress: bool = False) -> dict[str, Any] | State:
+    """Run one campaign into ``run_dir`` (default ``runs/<name>``), or resume it; returns (and
+    writes) its summary.
 
     ``config`` is a campaign config mapping, or the path of a campaign YAML file; ``overrides``
-    are ``key.path=value`` strings (``--set``). Bad input fails in ``preflight``, before any work:
-    the flow run ends Failed with its one-line reason (no traceback), and a direct call raises it.
+    are ``key.path=value`` strings (``--set``); ``{date}`` in ``run_dir`` and ``overrides`` is the
+    run's scheduled day (each night's campaign gets its own name and run dir). ``restart`` moves an
+    existing campaign aside and starts over. Bad input fails in ``preflight`` before any work: the
+    flow run ends Failed with its one-line reason (a direct call raises it). A retry of the flow
+    resumes from the newest checkpoint (``rft_campaign.with_options(retries=n)``, or a deployment's).
+    Bad data (a contract past its threshold) and a store down past ``storage.outage_seconds`` end
+    it Failed with their one line; the same command resumes it once they are fixed.
     """
+    overrides = [_filled(o) for o in overrides or []]
     try:
-        checked = preflight(config, run_dir, overrides or ())
+        checked = preflight(config, _filled(run_dir), overrides, restart=restart)
     except ConfigError as e:
         return Failed(message=str(e), data=e)
-    cfg, out = checked.cfg, checked.run_dir
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    flow_run_id = str(runtime.flow_run.id or "")
-    tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, cfg.name, artifact_root=out / "mlartifacts",
-                      tags={"campaign": cfg.name, "prefect.flow_run_id": flow_run_id})
+    if checked.finished:
+        summary_file = checked.run_dir / "summary.json"
+        return Completed(message=summary_line(checked),
+                         data=json.loads(summary_file.read_text()) if summary_file.is_file() else None)
+    if restart:
+        move_aside(checked)
+    run = CampaignRun(checked, flow_run_id=str(runtime.flow_run.id or "") or None)
+    _mark_crashed(run)
     try:
-        tracker.log_params(cfg.model_dump(mode="json"))
-        campaign = Campaign(cfg, out)
-        with CampaignProgress(cfg, enabled=show_progress) as progress:
-            prepare(campaign, tracker)
-            warm_start(campaign, tracker, cfg.trainer.warmup_steps, progress.warmup)
-            before = evaluate(campaign, tracker, 0)["eval/accuracy"]
-            progress.start_rounds(before)
-            after, last = before, {}
-            for r in range(1, cfg.rounds + 1):
-                last = {}
-                for stage in ROUND:
-                    last |= ROUND_TASKS[stage](campaign, tracker, r)
-                if r % cfg.eval.every == 0 or r == cfg.rounds:
-                    after = evaluate(campaign, tracker, r)["eval/accuracy"]
-                progress.round_done(r, last.get("reward/mean", float("nan")), after)
-        tags = {"campaign": cfg.name, "eval_accuracy": f"{after:.4f}", "prefect.flow_run_id": flow_run_id}
-        model = register(campaign, tracker, tags)
-        report, report_uri = _validation_report(campaign, tracker, out)
-        summary = {
-            "campaign": cfg.name, "eval_accuracy_before": before, "eval_accuracy_after": after,
-            "rounds": cfg.rounds, "reward_mean_last_round": last.get("reward/mean"),
-            "wall_seconds": round(time.perf_counter() - started, 1), "mlflow_tracking_uri": checked.tracking_uri,
-            "mlflow_run_id": tracker.run_id, **model, "store_url": campaign.store.url,
-            "prefect_flow_run_id": flow_run_id, "run_dir": str(out), "validation_report": str(report),
-            "validation_report_mlflow": report_uri,
-        }
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        tracker.log_metrics({"eval/accuracy_before": before, "eval/accuracy_after": after}, step=cfg.rounds)
-        create_markdown_artifact(_summary_markdown(summary), key=re.sub(r"[^a-z0-9-]+", "-", f"{cfg.name.lower()}-summary"),
+        with stop_on_signals(run), CampaignProgress(run.cfg, enabled=show_progress) as progress:
+            run.on_warmup_step = progress.warmup
+            for name, round_no in run.steps():
+                if name == ROUND[0] and round_no == run.rounds_left.start:  # the first round of this attempt
+                    progress.start_rounds(run.accuracy_before, done=round_no - 1)
+                TASKS[name](run, round_no, return_state=True).result()  # raises what failed it
+                if name == ROUND[-1]:
+                    progress.round_done(round_no, run.last_reward, run.accuracy_last)
+                _stop_if_asked(run, round_no, name)
+        summary = run.finish()
+        create_markdown_artifact(_summary_markdown(summary), key=re.sub(r"[^a-z0-9-]+", "-", f"{run.cfg.name.lower()}-summary"),
                                  description="rftflow campaign summary")
-    except BaseException:
-        if "campaign" in locals():  # what was checked before the failure (e.g. a batch past the contract threshold)
-            _validation_report(campaign, tracker, out)
-        tracker.finish("FAILED")
+    except Interrupted as e:
+        run.validation_report()
+        run.end("interrupted", str(e))
+        return Cancelled(message=str(e), data=e)
+    except (ContractError, StoreUnavailable) as e:  # one line is the whole story
+        reachable = not isinstance(e, StoreUnavailable)
+        run.validation_report(store_reachable=reachable)
+        run.end("failed", str(e), store_reachable=reachable)
+        return Failed(message=str(e), data=e)
+    except BaseException as e:
+        run.validation_report()
+        run.end("failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         raise
-    tracker.finish()
     return summary

@@ -23,18 +23,18 @@ def _main() -> None:
     """rftflow: reinforcement fine-tuning campaigns, tracked in Prefect and MLflow."""
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
     err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
-def _preflight(config: Path | None, run_dir: Path | None, overrides: list[str]):
+def _preflight(config: Path | None, run_dir: Path | None, overrides: list[str], restart: bool = False):
     """The validation gate (``components.preflight``); its one-line error ends the command."""
     from components.config import ConfigError
     from components.preflight import preflight
 
     try:
-        return preflight(config or DEFAULT_CONFIG, run_dir, overrides)
+        return preflight(config or DEFAULT_CONFIG, run_dir, overrides, restart=restart)
     except ConfigError as e:
         _fail(str(e))
 
@@ -44,23 +44,79 @@ def run(
     config: Annotated[Optional[Path], typer.Argument(help="Campaign YAML (default: configs/arith-mix.yaml).")] = None,
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Output dir (default: ./runs/<name>).")] = None,
     overrides: Annotated[list[str], typer.Option("--set", help="Override a key: --set trainer.lr=1e-4")] = [],  # noqa: B006
+    restart: Annotated[bool, typer.Option("--restart", help="Start over: move the campaign in the run dir "
+                                                             "aside (nothing is deleted).")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
-    """Run a campaign to the end and print its summary."""
+    """Run a campaign to the end, or resume it from its newest checkpoint, and print its summary.
+
+    Exit status: 0 done (or already finished), 1 failed, 2 bad input, 130 stopped by a signal.
+    """
     if progress:  # the bars report progress; Prefect's per-task INFO lines still reach its API and UI
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    checked = _preflight(config, run_dir, overrides)  # the flow passes it too; here it fails before Prefect starts
-    from flows.campaign import rft_campaign
+    checked = _preflight(config, run_dir, overrides, restart)  # the flow passes it too; here before Prefect starts
+    from flows.campaign import rft_campaign, summary_line
+    from flows.prefect_api import embedded_prefect_api
 
+    if checked.finished:
+        Console().print(summary_line(checked), highlight=False, soft_wrap=True)
+        return
     cfg = checked.cfg
-    summary = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), show_progress=progress)
+    try:
+        with embedded_prefect_api():
+            state = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,
+                                 show_progress=progress, return_state=True)
+    except KeyboardInterrupt:
+        _fail(f"campaign {cfg.name} stopped at once (a second interrupt); run the same command to resume "
+              "from its newest checkpoint", 130)
+    if state.is_cancelled():
+        _fail(state.message, 130)
+    if not state.is_completed():
+        _fail(state.message.removeprefix("Flow run encountered an exception: "), 1)
+    summary = state.result()
     table = Table(title=f"campaign {cfg.name}", show_header=False)
     for key in ("eval_accuracy_before", "eval_accuracy_after", "rounds", "wall_seconds", "model_name",
                 "model_version", "mlflow_run_id", "store_url"):
         value = summary[key]
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    if summary.get("resumed_from_round") is not None:
+        table.add_row("resumed_from_round", str(summary["resumed_from_round"]))
     Console().print(table)
     Console().print(f"summary: {Path(summary['run_dir']) / 'summary.json'}")
+
+
+@app.command()
+def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL (file:///…, s3://bucket/prefix).")],
+           campaign: Annotated[Optional[str], typer.Option("--campaign", help="Campaign name (default: the only one).")] = None,
+           ) -> None:
+    """Where a campaign stands: status, rounds done, last checkpoint, MLflow run, last error."""
+    from components.buffer.state import StateStore
+
+    opened = _open_buffer(store, campaign)
+    state = StateStore(opened.objects, opened.campaign).read()
+    if state is None:
+        _fail(f"{opened.url}: campaign {opened.campaign!r} has stored data but never ran (no state)")
+    rounds = state.config.get("rounds")
+    checkpoints = opened.checkpoints()
+    last = checkpoints[-1] if checkpoints else None
+    table = Table(title=f"campaign {state.campaign} in {opened.url}", show_header=False)
+    rows = [
+        ("status", state.status + (" (its process is alive)" if state.alive_elsewhere() else "")),
+        ("rounds done", f"{state.rounds_done} of {rounds}"),
+        ("last stage", f"{state.stage} of round {state.round}" if state.stage else "none"),
+        ("last checkpoint", f"{opened.checkpoint_prefix(last['version'])} (round {last['round']}, {last.get('created_at')})"
+         if last else "none"),
+        ("held-out accuracy", ", ".join(f"r{r}: {a:.3f}" for r, a in sorted(state.evals.items(), key=lambda kv: int(kv[0])))
+         or "none"),
+        ("mlflow run", state.mlflow_run_id or "none"),
+        ("model version", state.model_version or "none"),
+        ("attempts", str(len(state.attempts))),
+        ("updated", state.updated_at),
+        ("last error", state.error or "none"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)
 
 
 buffer_app = typer.Typer(no_args_is_help=True, help="Inspect what a campaign stored: counts, rows, exports.")

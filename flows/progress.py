@@ -32,8 +32,11 @@ class CampaignProgress:
         if step % 10 == 0 or step == self.cfg.trainer.warmup_steps:
             self.progress.update(self._warm, completed=step, status=f"sft loss {metrics.get('loss/sft', 0):.3f}")
 
-    def start_rounds(self, accuracy: float) -> None:
-        self._rounds = self.progress.add_task("rounds", total=self.cfg.rounds, status=f"acc {accuracy:.3f}")
+    def start_rounds(self, accuracy: float | None, done: int = 0) -> None:
+        """The rounds' bar; ``done`` rounds were completed by an earlier attempt (a resumed campaign)."""
+        status = f"acc {accuracy:.3f}" if accuracy is not None else ""
+        self._rounds = self.progress.add_task("rounds", total=self.cfg.rounds, completed=done, status=status)
 
-    def round_done(self, round_no: int, reward: float, accuracy: float) -> None:
-        self.progress.update(self._rounds, completed=round_no, status=f"reward {reward:.3f}  acc {accuracy:.3f}")
+    def round_done(self, round_no: int, reward: float, accuracy: float | None) -> None:
+        acc = f"  acc {accuracy:.3f}" if accuracy is not None else ""
+        self.progress.update(self._rounds, completed=round_no, status=f"reward {reward:.3f}{acc}")

@@ -1,91 +1,65 @@
-"""The campaign's stage tasks: one ``Campaign`` method each, timed and logged to MLflow at
-step = round. Task runs are named by stage and round (``explore[r=3]``) for the Prefect UI;
-``ROUND_TASKS`` maps each stage of ``components.campaign.ROUND`` to its task (the flow walks ``ROUND``).
+"""The campaign's Prefect tasks: one per step of ``CampaignRun.steps`` (prepare, warm_start, the
+stages of ``components.campaign.ROUND``, evaluate, checkpoint, register), each one
+``CampaignRun.step`` call (timed, logged to MLflow at step = round, recorded in the campaign's
+state). Task runs are named by step and round (``explore[r=3]``) for the Prefect UI; ``TASKS``
+maps each step's name to its task.
 
-They receive the ``Campaign`` (models inside), hence ``cache_policy=NO_CACHE``: Prefect must
+They receive the ``CampaignRun`` (models inside), hence ``cache_policy=NO_CACHE``: Prefect must
 never pickle or hash it. Retries only where the work is idempotent IO, and never after a data
-contract failed.
+contract failed; the store itself rides out outages (``storage.outage_seconds``).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed, State
 
-from components.campaign import Campaign
+from components.buffer.store import StoreUnavailable
 from components.data.contracts import ContractError
-from components.tracking import Tracker
+from components.run import CampaignRun
 
 
-def not_a_contract(_task, _task_run, state) -> bool:
-    """Retry condition: retry a failed stage unless a data contract failed (bad data stays bad)."""
+ONE_LINE = (ContractError, StoreUnavailable)  # failures whose message is the whole story
+
+
+def worth_retrying(_task, _task_run, state) -> bool:
+    """Retry condition: retry a failed step unless a data contract failed (bad data stays bad) or
+    the store stayed down past its own outage budget (it has waited already)."""
     try:
         state.result()
-    except ContractError:
+    except ONE_LINE:
         return False
-    except Exception:  # noqa: BLE001 — anything else may be transient (a store hiccup)
+    except Exception:  # noqa: BLE001 — anything else may be transient
         return True
     return True
 
 
-def tracked(name: str, step: int, tracker: Tracker, work: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """Run ``work``, add ``time/<name>_s``, log the metrics to MLflow at ``step``, return them."""
-    start = time.perf_counter()
-    metrics = {k: float(v) for k, v in work().items()}
-    metrics[f"time/{name}_s"] = time.perf_counter() - start
-    tracker.log_metrics(metrics, step=step)
-    return metrics
+def _step_task(name: str, doc: str, **retry):
+    """The task that runs step ``name`` (a new function per step, so each is its own Prefect task)."""
+    def run_step(run: CampaignRun, round_no: int) -> dict | State:
+        try:
+            return run.step(name, round_no)
+        except ONE_LINE as e:  # Failed with its one line, not a traceback; the flow gets the exception
+            return Failed(message=str(e), data=e)
+
+    run_step.__name__ = run_step.__qualname__ = name
+    run_step.__doc__ = doc
+    return task(run_step, name=name, task_run_name=f"{name}[r={{round_no}}]", cache_policy=NO_CACHE, **retry)
 
 
-@task(name="prepare", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1, retry_condition_fn=not_a_contract)
-def prepare(campaign: Campaign, tracker: Tracker) -> dict[str, float]:
-    """Store the taskset splits and expert demonstrations (idempotent)."""
-    return tracked("prepare", 0, tracker, campaign.prepare)
-
-
-@task(name="warm_start", task_run_name="warm_start[steps={steps}]", cache_policy=NO_CACHE)
-def warm_start(campaign: Campaign, tracker: Tracker, steps: int, progress=None) -> dict[str, float]:
-    """Expert-only SFT before the RL rounds (logged at step 0)."""
-    return tracked("warm_start", 0, tracker, lambda: campaign.warm_start(progress))
-
-
-@task(name="explore", task_run_name="explore[r={round_no}]", cache_policy=NO_CACHE)
-def explore(campaign: Campaign, tracker: Tracker, round_no: int) -> dict[str, float]:
-    """Sample tasks and generate groups of responses; writes the round's rollouts to staging."""
-    return tracked("explore", round_no, tracker, lambda: campaign.explore(round_no))
-
-
-@task(name="verify", task_run_name="verify[r={round_no}]", cache_policy=NO_CACHE)
-def verify(campaign: Campaign, tracker: Tracker, round_no: int) -> dict[str, float]:
-    """Score the round's rollouts and check the experience contract."""
-    return tracked("verify", round_no, tracker, lambda: campaign.verify(round_no))
-
-
-@task(name="buffer", task_run_name="buffer[r={round_no}]", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def buffer(campaign: Campaign, tracker: Tracker, round_no: int) -> dict[str, float]:
-    """Commit verified experiences to the buffer and rejected ones to quarantine (idempotent)."""
-    return tracked("buffer", round_no, tracker, lambda: campaign.buffer(round_no))
-
-
-@task(name="train", task_run_name="train[r={round_no}]", cache_policy=NO_CACHE)
-def train(campaign: Campaign, tracker: Tracker, round_no: int) -> dict[str, float]:
-    """Update the policy on the round's experiences with the configured algorithm."""
-    return tracked("train", round_no, tracker, lambda: campaign.train(round_no))
-
-
-@task(name="sync", task_run_name="sync[r={round_no}]", cache_policy=NO_CACHE)
-def sync(campaign: Campaign, tracker: Tracker, round_no: int) -> dict[str, float]:
-    """Push the trainer's new weights to the explorer and bump the weight version."""
-    return tracked("sync", round_no, tracker, lambda: campaign.sync(round_no))
-
-
-@task(name="evaluate", task_run_name="evaluate[r={round_no}]", cache_policy=NO_CACHE)
-def evaluate(campaign: Campaign, tracker: Tracker, round_no: int) -> dict[str, float]:
-    """Greedy accuracy on the held-out split, logged at step = round (0 = before the RL rounds)."""
-    return tracked("evaluate", round_no, tracker, campaign.evaluate)
-
-
-ROUND_TASKS = {"explore": explore, "verify": verify, "buffer": buffer, "train": train, "sync": sync}  # keys: ROUND
+IDEMPOTENT = {"retries": 2, "retry_delay_seconds": 1, "retry_condition_fn": worth_retrying}
+TASKS = {
+    "prepare": _step_task("prepare", "Store the taskset splits and expert demonstrations (idempotent).", **IDEMPOTENT),
+    "warm_start": _step_task("warm_start", "Expert-only SFT before the RL rounds."),
+    "explore": _step_task("explore", "Sample tasks and generate groups of responses → staging."),
+    "verify": _step_task("verify", "Score the round's rollouts and check the experience contract."),
+    "buffer": _step_task("buffer", "Commit verified rows to the buffer, rejected ones to quarantine (idempotent).",
+                         **IDEMPOTENT),
+    "train": _step_task("train", "Update the policy on the round's batch with the configured algorithm."),
+    "sync": _step_task("sync", "Push the trainer's new weights to the explorer; bump the weight version."),
+    "evaluate": _step_task("evaluate", "Greedy accuracy on the held-out split (round 0: before the rounds)."),
+    "checkpoint": _step_task("checkpoint", "Weights, optimizer, RNG and buffer state to the store and MLflow."),
+    "register": _step_task("register", "Log the final model and register it as a model version (once).",
+                           **IDEMPOTENT),
+}

@@ -11,7 +11,8 @@ Object layout under ``<campaign>/`` (every Parquet shard committed with a marker
     quarantine/round=N/part-*.parquet                  rows that broke the contract, with ``reason``
     quarantine/{tasks,tasks-pipeline,expert,ingest-<hash>}/  bad task rows, demonstrations, ingested rows
     quarantine/failed/round=N/part-*.parquet           the bad rows of a round that failed its contract
-    checkpoints/vNNNNNN/                               safetensors + config + tokenizer
+    checkpoints/vNNNNNN/                               weights (a Hugging Face model dir), optimizer,
+                                                       RNG and buffer state; checkpoint.json commits it
     state/<name>.json                                  what resume needs: the FIFO cursor, replay use
                                                        counts, measured pass rates; ingest-<hash>: the
                                                        report of an ingested file
@@ -26,6 +27,7 @@ forces dictionary-typed hive keys: pass it ``partitioning=None``). No other dire
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -44,6 +46,7 @@ KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"),
          "quarantine": ("quarantine",), "failed": ("quarantine", "failed"), "tasks": ("tasksets",)}
 
 STORE_FILE = "store.json"
+CHECKPOINT_MANIFEST = "checkpoint.json"  # a checkpoint's commit marker, written last
 _WHERE = ("endpoint_url", "region", "addressing_style")  # how to reach the store; never credentials
 _ROUND = re.compile(r"/round=(\d+)/")
 
@@ -145,9 +148,10 @@ class CampaignStore:
     def write_usual(self, round_no: int, table: pa.Table) -> str:
         return write_shard(self.objects, self.key("experiences", "usual", round_dir(round_no)), table)
 
-    def usual_shards(self) -> list[str]:
-        """Committed usual-experience shards, oldest round first."""
-        return sorted(committed_shards(self.objects, self.key("experiences", "usual")), key=shard_order)
+    def usual_shards(self, max_round: int | None = None) -> list[str]:
+        """Committed usual-experience shards, oldest round first (up to ``max_round``)."""
+        keys = sorted(committed_shards(self.objects, self.key("experiences", "usual")), key=shard_order)
+        return keys if max_round is None else [k for k in keys if shard_order(k)[0] <= max_round]
 
     def write_expert(self, table: pa.Table) -> str:
         """The taskset's gold demonstrations (``experiences/expert/taskset``)."""
@@ -184,8 +188,49 @@ class CampaignStore:
         return write_shard(self.objects, self.key("quarantine", round_dir(where) if isinstance(where, int) else where),
                            table)
 
+    # checkpoints ------------------------------------------------------------------------------
     def checkpoint_prefix(self, version: int) -> str:
         return self.key("checkpoints", f"v{version:06d}")
+
+    def write_checkpoint(self, version: int, files: Path, meta: dict[str, Any]) -> str:
+        """Upload every file under ``files`` to ``checkpoints/vNNNNNN/``, then commit it: the
+        manifest ``checkpoint.json`` (``meta`` + each file's bytes and sha256) is written last,
+        put-if-absent, so a checkpoint is visible only whole. Returns the prefix."""
+        prefix = self.checkpoint_prefix(version)
+        listed = {}
+        for path in sorted(p for p in files.rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            name = path.relative_to(files).as_posix()
+            self.objects.put(f"{prefix}/{name}", data)
+            listed[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        manifest = json.dumps({**meta, "version": version, "files": listed}, sort_keys=True, indent=1).encode()
+        self.objects.put(f"{prefix}/{CHECKPOINT_MANIFEST}", manifest, if_absent=True)
+        return prefix
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """The manifests of the committed checkpoints, oldest version first."""
+        keys = [k for k in self.objects.list(self.key("checkpoints") + "/") if k.endswith("/" + CHECKPOINT_MANIFEST)]
+        return [json.loads(self.objects.get(k)) for k in sorted(keys)]
+
+    def read_checkpoint(self, version: int, into: Path) -> dict[str, Any]:
+        """Download committed checkpoint ``version`` into ``into`` (each file checked against its
+        sha256); returns its manifest."""
+        prefix = self.checkpoint_prefix(version)
+        manifest = json.loads(self.objects.get(f"{prefix}/{CHECKPOINT_MANIFEST}"))
+        for name, meta in manifest["files"].items():
+            data = self.objects.get(f"{prefix}/{name}")
+            if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+                raise ValueError(f"checkpoint {prefix}/{name}: its bytes are not the ones its manifest describes")
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            (into / name).write_bytes(data)
+        return manifest
+
+    def delete_checkpoint(self, version: int) -> None:
+        """Uncommit (manifest first), then delete checkpoint ``version``."""
+        prefix = self.checkpoint_prefix(version)
+        self.objects.delete(f"{prefix}/{CHECKPOINT_MANIFEST}")
+        for key in self.objects.list(prefix + "/"):
+            self.objects.delete(key)
 
     # state -----------------------------------------------------------------------------------
     def read_state(self, name: str, default: Any = None) -> Any:
@@ -197,6 +242,9 @@ class CampaignStore:
 
     def write_state(self, name: str, value: Any) -> None:
         self.objects.put(self.key("state", f"{name}.json"), json.dumps(value, sort_keys=True).encode())
+
+    def delete_state(self, name: str) -> None:
+        self.objects.delete(self.key("state", f"{name}.json"))
 
     def ingest_reports(self) -> list[dict[str, Any]]:
         """The reports of the files ingested into this campaign (``state/ingest-<id>.json``), oldest key first."""

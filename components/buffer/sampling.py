@@ -38,13 +38,15 @@ Row = dict[str, Any]
 
 
 # explorer rows -------------------------------------------------------------------------------
-def take_fifo(store: CampaignStore, max_rows: int | None = None) -> tuple[pa.Table, Commit]:
+def take_fifo(store: CampaignStore, max_rows: int | None = None, max_round: int | None = None
+              ) -> tuple[pa.Table, Commit]:
     """The oldest explorer rows not yet consumed, in store order, whole groups, about ``max_rows``
-    of them (a group is never split; None = all). The cursor (``state/fifo_cursor.json``: next
-    shard and row) moves only when ``commit`` runs."""
+    of them (a group is never split; None = all), from rounds up to ``max_round`` (None = all:
+    a round redone after a resume never takes the rows of later rounds stored before the crash).
+    The cursor (``state/fifo_cursor.json``: next shard and row) moves only when ``commit`` runs."""
     cursor = store.read_state("fifo_cursor", {"shard": "", "offset": 0})
     taken, n, after = [], 0, dict(cursor)
-    for key in store.usual_shards():
+    for key in store.usual_shards(max_round):
         if shard_order(key) < shard_order(cursor["shard"]):
             continue
         table = store.shard(key)
@@ -61,11 +63,13 @@ def take_fifo(store: CampaignStore, max_rows: int | None = None) -> tuple[pa.Tab
 
 
 def take_replay(store: CampaignStore, n_rows: int, current_version: int, rng: random.Random, *,
-                decay: float = 1.0, reuse_limit: int = 2, max_staleness: int | None = None) -> tuple[pa.Table, Commit]:
+                decay: float = 1.0, reuse_limit: int = 2, max_staleness: int | None = None,
+                max_round: int | None = None) -> tuple[pa.Table, Commit]:
     """Whole groups by priority = model_version − decay × uses (ties in ``rng`` order), until
-    ``n_rows`` rows; groups used ``reuse_limit`` times or older than ``max_staleness`` versions
-    are out. Use counts (``state/replay_uses.json``) are bumped when ``commit`` runs."""
-    shards = [store.shard(k) for k in store.usual_shards()]
+    ``n_rows`` rows, from rounds up to ``max_round``; groups used ``reuse_limit`` times or older
+    than ``max_staleness`` versions are out. Use counts (``state/replay_uses.json``) are bumped
+    when ``commit`` runs."""
+    shards = [store.shard(k) for k in store.usual_shards(max_round)]
     if not shards:
         return SCHEMA.empty_table(), lambda: None
     table = pa.concat_tables(shards)
@@ -228,17 +232,18 @@ class Sampler:
         self.round_rows, self.groups_per_round = round_rows, groups_per_round
         self.pick_rng, self.order_rng = random.Random(seed), random.Random(seed)
 
-    def round_batch(self, current_version: int) -> TrainBatch:
-        """Explorer rows (FIFO or replay, then the algorithm's filters) and expert rows, ordered."""
+    def round_batch(self, current_version: int, round_no: int | None = None) -> TrainBatch:
+        """Explorer rows of rounds up to ``round_no`` (FIFO or replay, then the algorithm's filters)
+        and expert rows, ordered."""
         algo, buf = self.algorithm, self.buffer
         parts, metrics, commit = [], {}, (lambda: None)
         if algo.uses_explorer:
             if buf.sampling == "replay":
                 usual, commit = take_replay(self.store, buf.train_rows or self.round_rows, current_version,
                                             self.pick_rng, decay=buf.priority_decay, reuse_limit=buf.reuse_limit,
-                                            max_staleness=algo.max_staleness)
+                                            max_staleness=algo.max_staleness, max_round=round_no)
             else:
-                usual, commit = take_fifo(self.store, buf.train_rows)
+                usual, commit = take_fifo(self.store, buf.train_rows, round_no)
                 if algo.max_staleness is not None:
                     usual, stale = drop_stale(usual, current_version, algo.max_staleness)
                     metrics["sample/dropped_stale"] = float(stale)

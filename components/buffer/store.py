@@ -36,6 +36,9 @@ Contract of an ``ObjectStore`` (keys are ``/``-separated, no leading slash, no e
                          connection errors with backoff); chain: ``AWS_MAX_ATTEMPTS``.
   ``retry_mode``         ``"standard"`` | ``"adaptive"``; chain: ``AWS_RETRY_MODE`` (botocore's
                          ``legacy`` mode is replaced by ``standard``).
+  ``outage_seconds``     how long an operation keeps retrying once botocore's own attempts are
+                         spent on connection errors, throttling or 5xx (backoff up to 10 s between
+                         tries); past it ``StoreUnavailable`` says so in one line (120 s).
   ``multipart_threshold`` bytes at and above which a put is a multipart upload (64 MiB);
   ``multipart_chunksize`` part size (8 MiB, at least 5 MiB); ``max_concurrency`` parallel parts (8).
 
@@ -51,9 +54,12 @@ from __future__ import annotations
 import io
 import logging
 import os
+import random
 import re
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse, urlsplit, urlunsplit
@@ -61,6 +67,12 @@ from urllib.request import url2pathname
 
 MiB = 1024 * 1024
 SCHEMES = ("file://", "s3://")
+log = logging.getLogger("rftflow.store")
+
+
+class StoreUnavailable(ConnectionError):
+    """The store did not answer (connection refused, throttling, 5xx) for longer than the store's
+    outage budget; the message is one line naming the store and the last error."""
 
 
 class ObjectStore(Protocol):
@@ -147,7 +159,16 @@ class FileStore:
         return sorted(k for k in keys if k.startswith(prefix))
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        """Remove the object, and the directories it leaves empty (as S3 has no empty folders)."""
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        for parent in path.parents:
+            if parent == self.root:
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (or already gone)
+                break
 
     def close(self) -> None:
         """Nothing to release (here for symmetry with ``S3Store``)."""
@@ -210,6 +231,7 @@ class S3Store:
         checksum: str | None = None,
         max_attempts: int | None = None,
         retry_mode: str | None = None,
+        outage_seconds: float | None = None,
         multipart_threshold: int = 64 * MiB,
         multipart_chunksize: int = 8 * MiB,
         max_concurrency: int = 8,
@@ -230,6 +252,7 @@ class S3Store:
         if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
             raise ValueError(f"max_attempts={max_attempts!r}: expected an integer >= 1")
         self.max_attempts = max_attempts
+        self.outage_seconds = 120.0 if outage_seconds is None else float(outage_seconds)
         if multipart_threshold < 1 or max_concurrency < 1:
             raise ValueError("multipart_threshold and max_concurrency must be positive")
         self.multipart_threshold = int(multipart_threshold)
@@ -318,6 +341,31 @@ class S3Store:
 
     # -- the contract --------------------------------------------------------------------------
 
+    def _outlasting(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``, tried again while the store is unreachable, throttling or failing with 5xx
+        (after botocore's own retries), backing off up to 10 s, until ``outage_seconds`` have
+        passed since the first failure; then ``StoreUnavailable``. Every operation here is safe
+        to repeat: puts write whole objects, and a put-if-absent repeated after its first try
+        reached the store answers False, which callers treat as "already there"."""
+        started, tries = None, 0
+        while True:
+            try:
+                return call()
+            except Exception as exc:  # noqa: BLE001 — sorted out by _transient
+                if not _transient(exc):
+                    raise
+                now = time.monotonic()
+                started = started or now
+                if now - started >= self.outage_seconds:
+                    raise StoreUnavailable(
+                        f"store {self.url} unavailable for {now - started:.0f} s ({what}: {_describe(exc)}); "
+                        "run the same command again once it is back") from None
+                if tries == 0:
+                    log.warning("store %s: %s failed (%s); retrying for up to %.0f s", self.url, what,
+                                _describe(exc), self.outage_seconds)
+                time.sleep(min(10.0, 0.5 * 2 ** tries) * (0.5 + random.random() / 2))
+                tries += 1
+
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
         """Write ``data`` at ``key`` atomically; with ``if_absent`` only if absent (False if present).
 
@@ -325,6 +373,9 @@ class S3Store:
         412 PreconditionFailed → False. A 409 ConditionalRequestConflict (a concurrent write or
         delete of the key) → False if the key now exists, else the error is raised.
         """
+        return self._outlasting(f"put {key}", lambda: self._put(key, data, if_absent))
+
+    def _put(self, key: str, data: bytes, if_absent: bool) -> bool:
         from botocore.exceptions import ClientError
 
         s3_key = self._s3_key(key)
@@ -346,6 +397,9 @@ class S3Store:
         return True
 
     def get(self, key: str) -> bytes:
+        return self._outlasting(f"get {key}", lambda: self._get(key))
+
+    def _get(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
 
         try:
@@ -359,6 +413,9 @@ class S3Store:
             return body.read()
 
     def exists(self, key: str) -> bool:
+        return self._outlasting(f"head {key}", lambda: self._exists(key))
+
+    def _exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
 
         try:
@@ -371,6 +428,9 @@ class S3Store:
             raise
 
     def list(self, prefix: str = "") -> list[str]:
+        return self._outlasting(f"list {prefix or '/'}", lambda: self._list(prefix))
+
+    def _list(self, prefix: str) -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")
         n = len(self._key_prefix)
         keys = [
@@ -382,7 +442,29 @@ class S3Store:
         return sorted(keys)
 
     def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._s3_key(key))
+        self._outlasting(f"delete {key}", lambda: self.client.delete_object(Bucket=self.bucket, Key=self._s3_key(key)))
+
+
+_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+                    "ServiceUnavailable", "InternalError", "TooManyRequests"}
+
+
+def _transient(exc: Exception) -> bool:
+    """Whether ``exc`` says the store is away or overloaded (so trying again later may work)."""
+    from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
+
+    if isinstance(exc, (BotoConnectionError, HTTPClientError)):  # refused, reset, timed out
+        return True
+    if isinstance(exc, ClientError):
+        code, status = _error(exc)
+        return status >= 500 or status == 429 or code in _TRANSIENT_CODES
+    return False
+
+
+def _describe(exc: Exception) -> str:
+    """An exception in one short line: its type and the first line of its message."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 def store_options(storage) -> dict[str, Any]:
@@ -393,7 +475,8 @@ def store_options(storage) -> dict[str, Any]:
     return {"endpoint_url": storage.endpoint_url, "region": storage.region,
             "addressing_style": storage.addressing_style,
             "checksum": storage.checksum or (None if env.get("AWS_REQUEST_CHECKSUM_CALCULATION") else "when_required"),
-            "max_attempts": storage.max_attempts or (None if env.get("AWS_MAX_ATTEMPTS") else 5)}
+            "max_attempts": storage.max_attempts or (None if env.get("AWS_MAX_ATTEMPTS") else 5),
+            "outage_seconds": storage.outage_seconds}
 
 
 def parse_store_url(url: str) -> tuple[str, str, str]:

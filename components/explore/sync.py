@@ -23,3 +23,10 @@ class MemoryWeightSync:
         self.target.load_state_dict(self.source.state_dict())
         self.version += 1
         return self.version
+
+    @torch.no_grad()
+    def restore(self, version: int) -> None:
+        """After the trainer was restored from a checkpoint: the explorer gets its weights, and the
+        version is the checkpoint's (not bumped)."""
+        self.target.load_state_dict(self.source.state_dict())
+        self.version = version

@@ -45,7 +45,7 @@ class Trainer:
         self.ref_model: PreTrainedModel | None = None
         self.critic: Critic | None = None
 
-    def _rl_models(self) -> None:
+    def prepare_rl_models(self) -> None:
         """Once, when the RL rounds start: freeze the policy as the reference model (KL, DPO) and
         initialise the critic from it (PPO), as the algorithm needs."""
         if self.algorithm.needs_reference and self.ref_model is None:
@@ -161,7 +161,7 @@ class Trainer:
         rows = list(rows)
         if not rows or not steps:
             return {"train/steps": 0.0}
-        self._rl_models()
+        self.prepare_rl_models()
         options = self.algorithm.loss_options()
         advantages, critic_targets, metrics_extra = self._advantages(rows)
         start, sums, tokens = time.perf_counter(), defaultdict(float), 0

@@ -46,3 +46,18 @@ def test_a_deployment_run_passes_the_same_gate(prefect_api, tmp_path, default_co
     kind, message = asyncio.run(run_deployment())
     assert kind == "FAILED" and message.startswith("model.path '/nonexistent': no such directory")
     assert not (tmp_path / "run").exists()
+
+
+def test_date_templates_give_each_scheduled_run_its_own_name_and_run_dir(prefect_api, tmp_path, default_config):
+    from datetime import datetime, timezone
+
+    from prefect import get_client
+
+    from flows.campaign import rft_campaign
+
+    today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    state = rft_campaign(str(default_config), str(tmp_path / "{date}"), return_state=True,
+                         overrides=["name=nightly-{date}", f"taskset.source={tmp_path}/tasks-{{date}}.jsonl"])
+    assert state.is_failed() and state.message == f"taskset file not found: {tmp_path}/tasks-{today}.jsonl"
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(state.state_details.flow_run_id).name == f"nightly-{today}"

@@ -1,0 +1,157 @@
+"""A campaign's durable state in its store: what it is, how far it got, where to resume.
+
+``CampaignState`` is one JSON document: the config (and its fingerprint), the status, the last
+completed round and stage, the weight version, the last checkpoint, held-out accuracies, the
+MLflow run id, and every attempt (Prefect flow-run id, process, start, end, error).
+
+It is written with the commit protocol of the store: every update is a new generation
+``state/campaign/gNNNNNNNN.json`` created put-if-absent, so a reader sees whole documents only,
+and two processes updating one campaign at once cannot both win a generation (the loser gets
+``StateConflict``). Readers take the highest generation; older ones are pruned to the last few.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from components.buffer.store import ObjectStore
+from components.config import flatten
+
+STATUSES = ("running", "finished", "failed", "interrupted")
+KEEP_GENERATIONS = 20
+# Keys that say how to reach or keep things, not what the campaign computes: changing them on a
+# run dir does not make it another campaign.
+OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_seconds", "checkpoint.keep_last",
+                    "checkpoint.keep_best")
+
+
+class StateConflict(RuntimeError):
+    """Another process wrote the campaign's state since this one last read it."""
+
+
+def fingerprint(config: dict[str, Any]) -> str:
+    """sha256 of the config's keys and values that decide what the campaign computes."""
+    kept = {k: v for k, v in flatten(config).items() if k not in OPERATIONAL_KEYS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key (old → new)`` for each key whose value differs, operational keys aside."""
+    a, b = flatten(old), flatten(new)
+    return [f"{k} ({a.get(k)!r} → {b.get(k)!r})" for k in sorted(set(a) | set(b))
+            if k not in OPERATIONAL_KEYS and a.get(k) != b.get(k)]
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Attempt:
+    """One process that worked on the campaign."""
+
+    flow_run_id: str | None
+    pid: int
+    host: str
+    started_at: str
+    ended_at: str | None = None
+    outcome: str | None = None  # finished | failed | interrupted | killed (seen by the next attempt); None: running
+    error: str | None = None
+
+
+@dataclass
+class CampaignState:
+    campaign: str
+    fingerprint: str
+    config: dict[str, Any]
+    status: str = "running"
+    round: int = 0  # the last round whose stage below completed (0: before the rounds)
+    stage: str | None = None  # the last completed stage of that round (prepare, warm_start, explore, …)
+    rounds_done: int = 0  # rounds whose every stage completed
+    weight_version: int = 0
+    checkpoint: str | None = None  # key prefix of the newest committed checkpoint
+    checkpoint_round: int | None = None
+    evals: dict[str, float] = field(default_factory=dict)  # held-out accuracy by round ("0" = before)
+    mlflow_run_id: str | None = None
+    model_version: str | None = None  # registered at the end
+    attempts: list[Attempt] = field(default_factory=list)
+    error: str | None = None  # the last error, one line
+    heartbeat: float = 0.0  # time.time() of the last write
+    updated_at: str = ""
+
+    @property
+    def attempt(self) -> Attempt:
+        return self.attempts[-1]
+
+    def alive_elsewhere(self, lease_seconds: float = 300.0) -> bool:
+        """Whether the last attempt may still be running in another process: it has not ended, and
+        its process is alive on this host, or it wrote within ``lease_seconds`` on another host."""
+        if self.status != "running" or not self.attempts or self.attempt.ended_at:
+            return False
+        last = self.attempt
+        if last.host == socket.gethostname():
+            return last.pid != os.getpid() and _pid_alive(last.pid)
+        return time.time() - self.heartbeat < lease_seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CampaignState:
+        data = dict(data)
+        data["attempts"] = [Attempt(**a) for a in data.get("attempts", [])]
+        return cls(**data)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+class StateStore:
+    """Generations of one campaign's state under ``<campaign>/state/campaign/``."""
+
+    def __init__(self, store: ObjectStore, campaign: str):
+        self.objects, self.prefix = store, f"{campaign}/state/campaign/"
+        self.generation: int | None = None  # of the last document read or written here
+
+    def _key(self, generation: int) -> str:
+        return f"{self.prefix}g{generation:08d}.json"
+
+    def _generations(self) -> list[int]:
+        return sorted(int(k[len(self.prefix) + 1:-5]) for k in self.objects.list(self.prefix) if k.endswith(".json"))
+
+    def read(self) -> CampaignState | None:
+        """The newest state, or None for a campaign that never started."""
+        generations = self._generations()
+        self.generation = generations[-1] if generations else 0
+        if not generations:
+            return None
+        return CampaignState.from_json(json.loads(self.objects.get(self._key(self.generation))))
+
+    def write(self, state: CampaignState) -> None:
+        """Commit ``state`` as the next generation; ``StateConflict`` if another process took it."""
+        if self.generation is None:
+            self.read()
+        state.heartbeat, state.updated_at = time.time(), now()
+        data = json.dumps(state.to_json(), sort_keys=True, indent=1).encode()
+        key = self._key(self.generation + 1)
+        if not self.objects.put(key, data, if_absent=True) and self.objects.get(key) != data:
+            raise StateConflict(f"campaign {state.campaign}: another process wrote its state ({key}); "
+                                "run one process per campaign (see `rftflow status`)")
+        self.generation += 1
+        old = self.generation - KEEP_GENERATIONS
+        if old >= 1:
+            self.objects.delete(self._key(old))

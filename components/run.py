@@ -1,0 +1,284 @@
+"""``CampaignRun``: one attempt at a campaign, durable — state, MLflow run, checkpoints, resume.
+
+A campaign's progress lives in its store (``buffer.state``: status, last round and stage, the
+newest checkpoint, held-out accuracies, the MLflow run, every attempt) and in checkpoints
+(``Campaign.checkpoint``). An attempt on a campaign that never started prepares it; an attempt on
+an unfinished one restores the newest checkpoint and redoes the rounds after it: their explore
+and buffer writes from the interrupted attempt are reused (shard keys are deterministic and
+commits are put-if-absent), the FIFO cursor, replay counts and pass rates are put back as they
+were, and the same MLflow run continues without logging a metric twice at one step. Model,
+optimizer and RNG states are restored, so the campaign ends exactly where an uninterrupted one
+ends. ``steps`` lists what is left to do, in order, defined once: the flow runs each step as a
+Prefect task, ``run`` runs them in plain Python. Nothing here imports Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from components.buffer.state import Attempt, CampaignState, StateStore, fingerprint, now
+from components.campaign import ROUND, Campaign
+from components.data.report import validation_report
+from components.preflight import Preflight
+from components.tracking import Tracker
+
+
+class CampaignRun:
+    """An attempt at the campaign ``checked`` describes (``preflight``'s result).
+
+    Made, it has written its attempt into the campaign's state, opened (or reopened) the MLflow
+    run, loaded the models, and — for an unfinished campaign — restored the newest checkpoint:
+    ``rounds_left`` are the rounds still to do, ``fresh`` whether ``prepare`` and the warm start
+    come first.
+    """
+
+    def __init__(self, checked: Preflight, *, flow_run_id: str | None = None):
+        self.cfg, self.run_dir = cfg, out = checked.cfg, checked.run_dir
+        self.campaign = Campaign(checked)  # opens the store (recording it in the run dir), loads the models
+        self.states = StateStore(self.campaign.store.objects, cfg.name)
+        config = cfg.model_dump(mode="json")
+        self.state = self.states.read() or CampaignState(campaign=cfg.name, fingerprint=fingerprint(config),
+                                                         config=config)
+        self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, cfg.name,
+                               artifact_root=out / "mlartifacts", run_id=self.state.mlflow_run_id,
+                               tags={"campaign": cfg.name, "prefect.flow_run_id": flow_run_id or ""})
+        self.tracker.log_params(config)
+        self.state.mlflow_run_id = self.tracker.run_id
+        self.state.status, self.state.error = "running", None
+        self.killed = [a for a in self.state.attempts if a.outcome is None]  # they never recorded an end
+        for attempt in self.killed:
+            attempt.outcome = "killed"
+        self.state.attempts.append(Attempt(flow_run_id, os.getpid(), socket.gethostname(), now()))
+        self.states.write(self.state)
+        self.flow_run_id = flow_run_id
+        self.stop_requested: str | None = None  # set (to the signal's name) to stop after the current stage
+        self.on_warmup_step: Callable[[int, dict[str, float]], None] | None = None  # progress display hook
+        self.last_reward: float | None = None
+        self.started = time.perf_counter()
+        self.resumed_from: int | None = None
+        committed = self.campaign.store.checkpoints()
+        if committed:  # the newest, even if the state did not record it before a crash
+            with tempfile.TemporaryDirectory() as into:
+                self.resumed_from = self.campaign.restore(committed[-1]["version"], Path(into))
+            self.state.checkpoint = self.campaign.store.checkpoint_prefix(committed[-1]["version"])
+            self.state.checkpoint_round = self.state.rounds_done = self.resumed_from
+
+    # where the campaign stands ---------------------------------------------------------------
+    @property
+    def fresh(self) -> bool:
+        """No checkpoint yet: the campaign starts with prepare and the warm start."""
+        return self.resumed_from is None
+
+    @property
+    def rounds_left(self) -> range:
+        return range((self.resumed_from or 0) + 1, self.cfg.rounds + 1)
+
+    @property
+    def accuracy_before(self) -> float | None:
+        return self.state.evals.get("0")
+
+    @property
+    def accuracy_last(self) -> float | None:
+        """The newest held-out accuracy measured."""
+        return self.state.evals[max(self.state.evals, key=int)] if self.state.evals else None
+
+    def eval_due(self, round_no: int) -> bool:
+        return round_no % self.cfg.eval.every == 0 or round_no == self.cfg.rounds
+
+    def checkpoint_due(self, round_no: int) -> bool:
+        return round_no % self.cfg.checkpoint.every == 0 or round_no == self.cfg.rounds
+
+    # stages: each timed, logged to MLflow at step = round, recorded in the state -------------
+    def _tracked(self, name: str, round_no: int, work: Callable[[], dict[str, float]]) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = {k: float(v) for k, v in work().items()}
+        metrics[f"time/{name}_s"] = time.perf_counter() - start
+        self.tracker.log_metrics(metrics, step=round_no)
+        self.last_reward = metrics.get("reward/mean", self.last_reward)
+        self.state.round, self.state.stage = round_no, name
+        if name == ROUND[-1]:
+            self.state.rounds_done = round_no
+        self.state.weight_version = self.campaign.weights.version
+        self.states.write(self.state)
+        return metrics
+
+    def steps(self) -> Iterator[tuple[str, int]]:
+        """What is left, in order, as (step, round): prepare, the warm start, evaluation and a
+        checkpoint at round 0 (for a fresh campaign); then each round's stages (``ROUND``),
+        evaluations and checkpoints as due; and register."""
+        if self.fresh:
+            yield from (("prepare", 0), ("warm_start", 0), ("evaluate", 0), ("checkpoint", 0))
+        for r in self.rounds_left:
+            yield from ((stage, r) for stage in ROUND)
+            if self.eval_due(r):
+                yield "evaluate", r
+            if self.checkpoint_due(r):
+                yield "checkpoint", r
+        yield "register", self.cfg.rounds
+
+    def step(self, name: str, round_no: int) -> dict[str, Any]:
+        """Do step ``name`` (see ``steps``) for round ``round_no``."""
+        if name in ROUND:
+            return self._tracked(name, round_no, lambda: getattr(self.campaign, name)(round_no))
+        if name == "prepare":
+            return self._tracked(name, round_no, self.campaign.prepare)
+        if name == "warm_start":
+            return self._tracked(name, round_no, lambda: self.campaign.warm_start(self.on_warmup_step))
+        if name in ("evaluate", "checkpoint", "register"):
+            return getattr(self, name)(round_no)
+        raise ValueError(f"unknown step {name!r}; known: prepare, warm_start, {', '.join(ROUND)}, evaluate, "
+                         "checkpoint, register")
+
+    def run(self) -> dict[str, Any]:
+        """Every step left, then the summary (in plain Python; the flow runs them as tasks)."""
+        for name, round_no in self.steps():
+            self.step(name, round_no)
+        return self.finish()
+
+    def evaluate(self, round_no: int) -> dict[str, float]:
+        """Held-out accuracy at ``round_no`` (0 = before the rounds), kept in the state."""
+        metrics = self._tracked("evaluate", round_no, self.campaign.evaluate)
+        self.state.evals[str(round_no)] = metrics["eval/accuracy"]
+        self.states.write(self.state)
+        return metrics
+
+    def checkpoint(self, round_no: int) -> dict[str, Any]:
+        """Checkpoint after ``round_no``: to the store and the MLflow run (``checkpoints/vNNNNNN``),
+        then retention: the newest ``checkpoint.keep_last`` and, with ``keep_best``, the one with
+        the best held-out accuracy stay; the others go from both places."""
+        accuracy = self.state.evals.get(str(round_no))
+        with tempfile.TemporaryDirectory() as out:
+            manifest = self.campaign.checkpoint(round_no, Path(out), eval_accuracy=accuracy, created_at=now())
+            self.tracker.log_artifacts(out, _artifact_path(manifest["prefix"]))
+        self.state.checkpoint, self.state.checkpoint_round = manifest["prefix"], round_no
+        self.states.write(self.state)
+        self._retire_checkpoints()
+        self.tracker.log_metrics({"checkpoint/weight_version": manifest["weight_version"]}, step=round_no)
+        return manifest
+
+    def _retire_checkpoints(self) -> None:
+        manifests = self.campaign.store.checkpoints()
+        keep = {m["version"] for m in manifests[-self.cfg.checkpoint.keep_last:]}
+        scored = [m for m in manifests if m.get("eval_accuracy") is not None]
+        if self.cfg.checkpoint.keep_best and scored:
+            keep.add(max(scored, key=lambda m: (m["eval_accuracy"], m["version"]))["version"])
+        for m in manifests:
+            if m["version"] not in keep:
+                self.campaign.store.delete_checkpoint(m["version"])
+                self.tracker.delete_artifacts(_artifact_path(self.campaign.store.checkpoint_prefix(m["version"])))
+
+    # the end ---------------------------------------------------------------------------------
+    def register(self, round_no: int) -> dict[str, str]:
+        """The final model (a Hugging Face model directory) logged to the MLflow run and registered
+        as a version of ``tracking.registered_model``, once per run; tagged with the campaign, its
+        held-out accuracy and the Prefect flow run."""
+        model_dir = self.run_dir / "model"
+        shutil.rmtree(model_dir, ignore_errors=True)
+        self.campaign.trainer.unwrapped.save_pretrained(model_dir)
+        self.campaign.tokenizer.save_pretrained(model_dir)
+        source = self.tracker.log_artifacts(model_dir, "model")
+        name = self.cfg.tracking.registered_model
+        accuracy = self.state.evals.get(str(round_no))
+        tags = {"campaign": self.cfg.name, "eval_accuracy": f"{accuracy:.4f}" if accuracy is not None else "",
+                "prefect.flow_run_id": self.flow_run_id or ""}
+        version = self.tracker.register(name, source, tags)
+        self.state.model_version = version
+        self.states.write(self.state)
+        return {"model_name": name, "model_version": version, "model_uri": f"models:/{name}/{version}"}
+
+    def validation_report(self, store_reachable: bool = True) -> tuple[Path, str]:
+        """``<run dir>/validation/validation.md``, also logged to the MLflow run: (path, artifact URI).
+        With the store down, the ingested files' reports (kept there) are left out."""
+        path = self.run_dir / "validation" / "validation.md"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(validation_report(self.campaign.validation_entries(ingested=store_reachable), self.cfg.name))
+        return path, self.tracker.log_artifacts(path.parent, "validation")
+
+    def finish(self) -> dict[str, Any]:
+        """The summary (also ``<run dir>/summary.json``); the campaign recorded finished."""
+        before, after = self.accuracy_before, self.accuracy_last
+        report, report_uri = self.validation_report()
+        name = self.cfg.tracking.registered_model
+        summary = {
+            "campaign": self.cfg.name, "eval_accuracy_before": before, "eval_accuracy_after": after,
+            "rounds": self.cfg.rounds, "reward_mean_last_round": self.last_reward, "wall_seconds": self.wall_seconds(),
+            "mlflow_tracking_uri": self.tracker.uri, "mlflow_run_id": self.tracker.run_id, "model_name": name,
+            "model_version": self.state.model_version, "model_uri": f"models:/{name}/{self.state.model_version}",
+            "store_url": self.campaign.store.url, "prefect_flow_run_id": self.flow_run_id or "",
+            "run_dir": str(self.run_dir), "validation_report": str(report), "validation_report_mlflow": report_uri,
+            "attempts": len(self.state.attempts), "resumed_from_round": self.resumed_from,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self.tracker.log_metrics({"eval/accuracy_before": before, "eval/accuracy_after": after}, step=self.cfg.rounds)
+        self.end("finished")
+        return summary
+
+    def end(self, outcome: str, error: str | None = None, *, store_reachable: bool = True) -> None:
+        """Record how this attempt ended (finished | failed | interrupted) in the MLflow run's status
+        (FINISHED | FAILED | KILLED) and in the state (unless the store is the thing that is down:
+        the state then says running, with this process gone, which a new attempt resumes)."""
+        self.tracker.finish({"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}[outcome])
+        self.state.status = outcome
+        self.state.attempt.ended_at, self.state.attempt.outcome, self.state.attempt.error = now(), outcome, error
+        self.state.error = error
+        if store_reachable:
+            self.states.write(self.state)
+
+    def wall_seconds(self) -> float:
+        return round(time.perf_counter() - self.started, 1)
+
+
+def _artifact_path(prefix: str) -> str:
+    """``<campaign>/checkpoints/vNNNNNN`` → ``checkpoints/vNNNNNN`` (the run's artifact path)."""
+    return prefix.split("/", 1)[1]
+
+
+def move_aside(checked: Preflight) -> str:
+    """Before a restart: the campaign's objects moved to ``<campaign>.moved-<UTC time>/`` in its
+    store, and its files in the run dir (summary, final model, validation report) to
+    ``<run dir>/moved-<UTC time>/``. Nothing is deleted; the MLflow run stays where it is, tagged
+    ``rftflow.moved_aside`` (and ended KILLED if it was left RUNNING). Returns what moved."""
+    from components.buffer.state import StateStore
+    from components.buffer.store import open_store, parse_store_url, store_options
+
+    cfg, run_dir = checked.cfg, checked.run_dir
+    stamp = time.strftime("moved-%Y%m%d-%H%M%S", time.gmtime())
+    scheme, location, _ = parse_store_url(checked.store_url)
+    moved = []
+    if scheme == "file":
+        if (Path(location) / cfg.name).is_dir():
+            (Path(location) / cfg.name).rename(Path(location) / f"{cfg.name}.{stamp}")
+            moved.append(f"{checked.store_url}/{cfg.name} → {cfg.name}.{stamp}")
+        store = None
+    else:
+        store = open_store(checked.store_url, **store_options(cfg.storage))
+    previous = StateStore(store, cfg.name).read() if store is not None else None
+    if store is not None:
+        for key in store.list(f"{cfg.name}/"):
+            store.put(f"{cfg.name}.{stamp}/{key.split('/', 1)[1]}", store.get(key))
+            store.delete(key)
+        moved.append(f"{checked.store_url}/{cfg.name} → {cfg.name}.{stamp}")
+    for name in ("summary.json", "model", "validation", "store.json"):
+        if (run_dir / name).exists():
+            (run_dir / stamp).mkdir(exist_ok=True)
+            (run_dir / name).rename(run_dir / stamp / name)
+    if (run_dir / stamp).exists():
+        moved.append(f"{run_dir}/{{summary.json, model, validation}} → {stamp}/")
+    if previous is None and scheme == "file" and (Path(location) / f"{cfg.name}.{stamp}").is_dir():
+        previous = StateStore(open_store(checked.store_url), f"{cfg.name}.{stamp}").read()
+    if previous is not None and previous.mlflow_run_id:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(checked.tracking_uri)
+        client.set_tag(previous.mlflow_run_id, "rftflow.moved_aside", stamp)
+        if client.get_run(previous.mlflow_run_id).info.status == "RUNNING":
+            client.set_terminated(previous.mlflow_run_id, status="KILLED")
+    return "; ".join(moved) or "nothing to move"

@@ -1,0 +1,60 @@
+"""Trainer checkpoints: everything a ``Trainer`` needs to continue bit for bit, in a directory.
+
+Layout (the policy part is a Hugging Face model directory, loadable with ``from_pretrained``)::
+
+    model.safetensors, config.json, generation_config.json   the policy's weights
+    optimizer.pt                                              AdamW state (torch.save)
+    trainer.json                                              step count, learning rate
+    critic/ + critic_optimizer.pt                             PPO's value model, when there is one
+    reference/                                                the frozen reference model (KL, DPO)
+
+Weights are safetensors; the optimizer state is ``torch.save``'s format (tensors and step counts,
+read back with ``weights_only=True``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+from components.train.trainer import Trainer
+
+
+def save_trainer(trainer: Trainer, out: Path) -> None:
+    """Write ``trainer``'s policy, optimizer, counters (and critic, reference) under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    trainer.unwrapped.save_pretrained(out)
+    torch.save(trainer.optimizer.state_dict(), out / "optimizer.pt")
+    lr = trainer.optimizer.param_groups[0]["lr"]
+    (out / "trainer.json").write_text(json.dumps({"steps": trainer.steps, "lr": lr}))
+    if trainer.critic is not None:
+        trainer.accelerator.unwrap_model(trainer.critic.model).save_pretrained(out / "critic")
+        torch.save(trainer.critic.optimizer.state_dict(), out / "critic_optimizer.pt")
+    if trainer.ref_model is not None:
+        trainer.ref_model.save_pretrained(out / "reference")
+
+
+def load_trainer(trainer: Trainer, src: Path) -> None:
+    """Restore what ``save_trainer`` wrote into ``trainer`` (made with the same config)."""
+    _copy_weights(trainer.unwrapped, AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype))
+    trainer.optimizer.load_state_dict(torch.load(src / "optimizer.pt", weights_only=True))
+    counters = json.loads((src / "trainer.json").read_text())
+    trainer.steps = counters["steps"]
+    trainer.set_lr(counters["lr"])
+    if (src / "reference").is_dir() or (src / "critic").is_dir():
+        trainer.prepare_rl_models()  # made as at the first RL round, then overwritten below
+    if (src / "reference").is_dir():
+        _copy_weights(trainer.ref_model, AutoModelForCausalLM.from_pretrained(src / "reference"))
+    if (src / "critic").is_dir():
+        critic = trainer.accelerator.unwrap_model(trainer.critic.model)
+        _copy_weights(critic, AutoModelForTokenClassification.from_pretrained(src / "critic"))
+        trainer.critic.optimizer.load_state_dict(torch.load(src / "critic_optimizer.pt", weights_only=True))
+
+
+@torch.no_grad()
+def _copy_weights(into: torch.nn.Module, loaded: torch.nn.Module) -> None:
+    """Every tensor of ``loaded`` copied into ``into`` in place (tied weights stay tied)."""
+    into.load_state_dict(loaded.state_dict())

@@ -1,0 +1,73 @@
+"""The Prefect API a ``rftflow run`` talks to when ``PREFECT_API_URL`` names none.
+
+Prefect's own ephemeral API is a uvicorn process started from this one; killed with SIGKILL, this
+process leaves it running for good. ``embedded_prefect_api`` starts the same server (Prefect's
+``SubprocessASGIServer``, on ``PREFECT_HOME``'s database, so ``prefect server start`` later shows
+every run) with the kernel told to end it when this process ends, whatever ends it (Linux's
+``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import prefect
+from prefect.events.worker import EventsWorker
+from prefect.logging.handlers import APILogWorker
+from prefect.server.api.server import SubprocessASGIServer
+from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+# Run in the server process before uvicorn: ask for SIGTERM when the parent (this process) dies
+# (PR_SET_PDEATHSIG = 1), and leave at once if it died already. Done in the child itself, not in a
+# preexec_fn, which is unsafe in a process with threads.
+_BOOT = """
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+except (OSError, AttributeError):  # not Linux: Prefect's atexit stop is what remains
+    pass
+if os.getppid() != int(os.environ["RFTFLOW_PREFECT_PARENT"]):
+    sys.exit(0)
+from uvicorn.main import main
+main()
+"""
+
+
+class _ServerEndingWithUs(SubprocessASGIServer):
+    """Prefect's ephemeral API server, its uvicorn process bound to this one's life."""
+
+    def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+        # the command and environment of SubprocessASGIServer._run_uvicorn_command, started by _BOOT
+        return subprocess.Popen(
+            args=[sys.executable, "-c", _BOOT, "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                  "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                  "--log-level", "error", "--lifespan", "on"],
+            env={**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                 "PREFECT__SERVER_FINAL": "1", "RFTFLOW_PREFECT_PARENT": str(os.getpid()),
+                 **get_current_settings().to_environment_variables(exclude_unset=True)},
+        )
+
+
+@contextmanager
+def embedded_prefect_api() -> Iterator[str | None]:
+    """Within: ``PREFECT_API_URL`` set to a server that ends with this process (None and no server
+    when the environment already names an API)."""
+    if PREFECT_API_URL.value():
+        yield None
+        return
+    server = _ServerEndingWithUs()
+    server.start()
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            try:
+                yield server.api_url
+            finally:
+                APILogWorker.drain_all(timeout=10)  # the last log lines and events reach the server before it stops
+                EventsWorker.drain_all(timeout=10)
+    finally:
+        server.stop()

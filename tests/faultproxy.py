@@ -1,0 +1,144 @@
+"""A TCP proxy on 127.0.0.1 in front of an HTTP server, for outage tests.
+
+    with FaultProxy(upstream_port) as proxy:    # proxy.endpoint_url → http://127.0.0.1:<port>
+        proxy.refuse()                          # the port is closed: connections are refused
+        proxy.slow_down()                       # every request is answered 503 SlowDown
+        proxy.forward()                         # back to normal
+
+``refuse`` also cuts the connections that are open (a client's keep-alive pool sees resets);
+``slow_down`` reads each request (headers and body) and answers as S3 does when throttling.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+SLOWDOWN = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%s")
+SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                 b"<Message>Please reduce your request rate.</Message></Error>")
+
+
+class FaultProxy:
+    def __init__(self, upstream_port: int):
+        self.upstream = ("127.0.0.1", upstream_port)
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self.mode = "forward"
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+
+    # modes -----------------------------------------------------------------------------------
+    def forward(self) -> None:
+        self._set("forward")
+
+    def slow_down(self) -> None:
+        self._set("slow_down")
+
+    def refuse(self) -> None:
+        self._set("refuse")
+
+    def _set(self, mode: str) -> None:
+        with self._lock:
+            self.mode = mode
+            if mode == "refuse":
+                self._close_listener()
+                for conn in list(self._open):
+                    _close(conn)
+                self._open.clear()
+            elif self._listener is None:
+                self._listen()
+
+    # plumbing --------------------------------------------------------------------------------
+    def __enter__(self) -> FaultProxy:
+        with self._lock:
+            self._listen()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._close_listener()
+            for conn in list(self._open):
+                _close(conn)
+
+    def _listen(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            _close(self._listener)
+            self._listener = None
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # closed: refusing
+                return
+            with self._lock:
+                mode = self.mode
+                self._open.add(client)
+            target = self._slow_down if mode == "slow_down" else self._forward
+            threading.Thread(target=target, args=(client,), daemon=True).start()
+
+    def _forward(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.upstream)
+        except OSError:
+            _close(client)
+            return
+        with self._lock:
+            self._open.add(upstream)
+        threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
+        _pump(client, upstream)
+
+    def _slow_down(self, client: socket.socket) -> None:
+        try:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = client.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, body = data.split(b"\r\n\r\n", 1)
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(body) < length:
+                chunk = client.recv(65536)
+                if not chunk:
+                    return
+                body += chunk
+            client.sendall(SLOWDOWN % (len(SLOWDOWN_BODY), SLOWDOWN_BODY))
+        except OSError:
+            pass
+        finally:
+            _close(client)
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while chunk := source.recv(65536):
+            sink.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        _close(source)
+        _close(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

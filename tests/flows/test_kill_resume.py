@@ -1,0 +1,239 @@
+"""``rftflow run`` SIGKILLed at random moments (in explore, train, a shard write, a checkpoint
+write, …), then run again until it finishes: every trial ends with exactly its rounds in the store
+and in MLflow, the configured rows in every round, no experience twice, one MLflow run, and the
+final model bit for bit the uninterrupted run's (10 trials, 3 of them on S3). Also: no process
+outlives a killed run, and SIGTERM stops a run at a safe point that the same command resumes.
+
+The trials share one real ``prefect server start`` (PREFECT_API_URL), so each run does not pay
+for a Prefect server of its own; the orphan trial uses the run's embedded server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # about 20 real runs of the CLI
+
+ROUNDS = 4
+# "a?b" → "<" or ">": a held-out accuracy well away from 0 and 1 after a few steps, so it moves
+# with the weights (the weights themselves are compared bit for bit too)
+TASKS = [{"question": f"{a}?{b}", "answer": "<" if a < b else ">"} for a in range(10) for b in range(10) if a != b]
+CAMPAIGN = ["name=killed", f"rounds={ROUNDS}", "taskset.eval_size=20", "taskset.prompt_template={question}=",
+            "reward.function=exact_match", "explorer.max_new_tokens=3", "eval.max_new_tokens=3",
+            "trainer.warmup_steps=30", "trainer.micro_batch_size=16", "explorer.tasks_per_round=4",
+            "explorer.repeat_times=4", "buffer.expert_per_round=16", "checkpoint.every=2", "eval.every=2"]
+# the task runs of one campaign, in order (the flow logs "Task run '<name>' - Finished" after each)
+STEPS = ["prepare[r=0]", "warm_start[r=0]", "evaluate[r=0]", "checkpoint[r=0]"] + [
+    step for r in range(1, ROUNDS + 1) for step in
+    [f"{s}[r={r}]" for s in ("explore", "verify", "buffer", "train", "sync")]
+    + ([f"evaluate[r={r}]", f"checkpoint[r={r}]"] if r % 2 == 0 else [])]
+
+
+def rftflow(run_dir: Path, *extra: str, env: dict) -> subprocess.Popen:
+    args = [sys.executable, "-m", "flows.cli", "run", "--run-dir", str(run_dir), "--no-progress"]
+    args += [a for s in [*CAMPAIGN, f"taskset.source={env['TASKS']}", *extra] for a in ("--set", s)]
+    return subprocess.Popen(args, cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def finish(run_dir: Path, *extra: str, env: dict) -> str:
+    """Run the same command until it exits 0 (at most three times); its output."""
+    for _ in range(3):
+        proc = rftflow(run_dir, *extra, env=env)
+        out, _ = proc.communicate(timeout=600)
+        if proc.returncode == 0:
+            return out
+    raise AssertionError(f"`rftflow run` did not finish: {out[-3000:]}")
+
+
+def kill_during(run_dir: Path, step: str, delay: float, *extra: str, env: dict) -> list[str]:
+    """Start a run, SIGKILL it ``delay`` s after the step before ``step`` finished; its output lines."""
+    before = STEPS[STEPS.index(step) - 1]
+    proc, lines = rftflow(run_dir, *extra, env=env), []
+    for line in proc.stdout:
+        lines.append(line)
+        if f"Task run '{before}' - Finished" in line:
+            time.sleep(delay)
+            break
+    else:
+        raise AssertionError(f"the run ended before step {before} was seen: {''.join(lines)[-3000:]}")
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    return lines
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_trial(run_dir: Path, reference: dict) -> None:
+    """The campaign in ``run_dir`` is whole, once, and the uninterrupted one's."""
+    from mlflow import MlflowClient
+
+    from components.buffer.layout import CampaignStore, recorded_store
+    from components.buffer.store import open_store
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_accuracy_after"] == reference["accuracy"]
+    assert sha256(run_dir / "model" / "model.safetensors") == reference["weights"]  # state equal, not close
+    url, options = recorded_store(run_dir)
+    usual = CampaignStore(open_store(url, **options), "killed").read_kind("usual")
+    per_round = usual.group_by("round").aggregate([([], "count_all")]).to_pylist()
+    assert sorted((r["round"], r["count_all"]) for r in per_round) == [(r, 16) for r in range(1, ROUNDS + 1)]
+    ids = usual.column("experience_id").to_pylist()
+    assert len(ids) == len(set(ids))
+    client = MlflowClient(summary["mlflow_tracking_uri"])
+    runs = client.search_runs([client.get_experiment_by_name("rftflow").experiment_id])
+    assert [r.info.run_id for r in runs] == [summary["mlflow_run_id"]] and runs[0].info.status == "FINISHED"
+    for key in runs[0].data.metrics:
+        steps = [m.step for m in client.get_metric_history(summary["mlflow_run_id"], key)]
+        assert len(steps) == len(set(steps)), f"{key} logged twice at one step: {steps}"
+    rounds = sorted(m.step for m in client.get_metric_history(summary["mlflow_run_id"], "reward/mean"))
+    assert rounds == list(range(1, ROUNDS + 1))
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """The environment of every run: one real Prefect server, a model cache, two torch threads."""
+    home = tmp_path_factory.mktemp("prefect")
+    tasks = home / "compare.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    # the kills follow Prefect's "Task run … Finished" INFO lines: pinned on (an in-process CLI test
+    # may have set the console level to WARNING in this process's environment)
+    base = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO",
+            "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1", "TASKS": str(tasks)}
+    port = 4200 + random.Random().randrange(1000, 5000)
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port), "--no-services"], env=base, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/api"
+    import urllib.request
+
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.5)
+    yield {**base, "PREFECT_API_URL": url}
+    server.terminate()
+    server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def reference(env, tmp_path_factory) -> dict:
+    run_dir = tmp_path_factory.mktemp("reference")
+    finish(run_dir, env=env)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0 < summary["eval_accuracy_after"] < 1  # a result that moves with the weights
+    return {"accuracy": summary["eval_accuracy_after"], "weights": sha256(run_dir / "model" / "model.safetensors")}
+
+
+KILL_AT = ["explore[r=1]", "train[r=1]", "buffer[r=2]", "checkpoint[r=2]", "explore[r=3]", "train[r=4]",
+           "warm_start[r=0]", "checkpoint[r=4]", "verify[r=2]", "sync[r=3]"]
+
+
+@pytest.mark.parametrize("trial", range(10))
+def test_a_killed_run_resumes_to_the_uninterrupted_result(trial, env, reference, tmp_path, request):
+    rng = random.Random(trial)
+    extra = []
+    if trial >= 7:  # three trials on the S3 test server
+        server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
+        extra = [f"storage.url=s3://{bucket}/trial{trial}", f"storage.endpoint_url={server.endpoint_url}",
+                 "storage.addressing_style=path"]
+        env = {**env, **{k: os.environ[k] for k in os.environ if k.startswith("AWS_")}}
+    lines = kill_during(tmp_path, KILL_AT[trial], rng.uniform(0.0, 0.3), *extra, env=env)
+    assert not any("Task run 'register" in line for line in lines), "killed too late: the run had finished"
+    finish(tmp_path, *extra, env=env)
+    check_trial(tmp_path, reference)
+    # the killed attempt's flow run no longer says Running in Prefect
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    state = json.loads((tmp_path / "summary.json").read_text())
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}), get_client(sync_client=True) as client:
+        killed = client.read_flow_run(_attempts(tmp_path, *extra)[0]["flow_run_id"])
+    assert killed.state.type.value == "CRASHED" and state["prefect_flow_run_id"] in killed.state.message
+
+
+def _attempts(run_dir: Path, *extra: str) -> list[dict]:
+    from components.buffer.layout import recorded_store
+    from components.buffer.state import StateStore
+    from components.buffer.store import open_store
+
+    url, options = recorded_store(run_dir)
+    return [vars(a) for a in StateStore(open_store(url, **options), "killed").read().attempts]
+
+
+def _children_of(pid: int) -> list[int]:
+    """Processes started by ``pid`` for its embedded Prefect API (they carry its pid in their environment)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if f"RFTFLOW_PREFECT_PARENT={pid}".encode() in environ:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the server process")
+def test_no_process_outlives_a_killed_run(env, tmp_path):
+    embedded = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}  # the run starts its own server
+    proc = rftflow(tmp_path, env=embedded)
+    for line in proc.stdout:
+        if "Task run 'prepare[r=0]' - Finished" in line:
+            break
+    servers = _children_of(proc.pid)
+    assert servers, "the run's embedded Prefect API was not found"
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_running(p) for p in servers):
+        time.sleep(0.2)
+    assert not [p for p in servers if _running(p)], "the Prefect server outlived its run"
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an ended process nobody reaped yet)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_sigterm_stops_at_a_safe_point_in_one_line_and_the_same_command_resumes(env, reference, tmp_path):
+    proc = rftflow(tmp_path, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Task run 'explore[r=3]' - Finished" in line:
+            proc.send_signal(signal.SIGTERM)
+    proc.wait()
+    proc.stdout.close()
+    assert proc.returncode == 130
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and "stopped (SIGTERM) after round 3" in errors[0] and "resume from the checkpoint of round 2" in errors[0]
+    assert not [line for line in lines if "Traceback" in line]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("rftflow").experiment_id])
+    assert run.info.status == "KILLED"
+    finish(tmp_path, env=env)
+    check_trial(tmp_path, reference)
