@@ -44,7 +44,7 @@ def time_checkpoints(campaign: Campaign, repeat: int) -> tuple[list[float], list
             campaign.restore(manifest["weight_version"], Path(into))
             loads.append(time.perf_counter() - start)
         campaign.store.delete_checkpoint(manifest["weight_version"])
-        campaign.weights.version += 1  # the next one is another version
+        campaign.policy_version += 1  # the next one is another version
     return saves, loads, size
 
 

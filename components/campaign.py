@@ -12,6 +12,7 @@ import base64
 import copy
 import functools
 import json
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -31,16 +32,22 @@ from components.data.pipelines import run_pipeline
 from components.data.report import ValidationEntry
 from components.data.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
 from components.explore import explorer
-from components.explore.engines import HFRolloutEngine
-from components.explore.models import load_model
+from components.explore.engines import make_engine
+from components.explore.models import load_model, resolve_model_path
 from components.explore.rewards import make_reward_fn
-from components.explore.sync import MemoryWeightSync
+from components.explore.sync import MemoryWeightSync, StoreWeightSync
 from components.preflight import Preflight, preflight
 from components.train.checkpoints import load_trainer, save_trainer
 from components.train.trainer import Trainer
 
 ROUND = ("explore", "verify", "buffer", "train", "sync")  # a round's stages, in order: one method each
-RESUMABLE_STATE = ("fifo_cursor", "replay_uses", "pass_rates")  # buffer state a checkpoint restores
+# buffer state a checkpoint restores: the trainer's (sampling cursors) and the explorer's (pass rates)
+TRAINER_STATE, EXPLORER_STATE = ("fifo_cursor", "replay_uses"), ("pass_rates",)
+RESUMABLE_STATE = TRAINER_STATE + EXPLORER_STATE
+
+
+class StopRequested(Exception):
+    """A stop was asked for (a signal) while waiting for another process."""
 
 
 class Campaign:
@@ -56,22 +63,36 @@ class Campaign:
         checked = config if isinstance(config, Preflight) else preflight(config, run_dir, overrides)
         cfg = self.cfg = checked.cfg
         self.run_dir, self.algorithm = checked.run_dir, checked.algorithm
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.store = CampaignStore(open_run_store(cfg.storage, self.run_dir), cfg.name)
         self.reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
+        self.has_trainer, self.has_explorer = cfg.mode != "explore", cfg.mode != "train"
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
                                             dtype=cfg.model.dtype)
-        explorer_model = copy.deepcopy(policy)
-        self.engine = HFRolloutEngine(explorer_model, self.tokenizer, batch_size=cfg.explorer.batch_size,
-                                      chat_template=cfg.model.chat_template)
-        self.trainer = Trainer(policy, self.tokenizer.pad_token_id, cfg.trainer, self.algorithm,
-                               temperature=cfg.explorer.temperature)
-        self.sampler = Sampler(self.store, cfg.buffer, self.algorithm, micro_batch_size=cfg.trainer.micro_batch_size,
-                               epochs=cfg.trainer.epochs,
-                               round_rows=cfg.explorer.tasks_per_round * cfg.explorer.repeat_times,
-                               groups_per_round=cfg.explorer.tasks_per_round, seed=cfg.seed)
-        self.weights = MemoryWeightSync(self.trainer.unwrapped, explorer_model)
+        # the explorer's own copy; a trainer alone evaluates with its policy itself (hf)
+        explorer_model = copy.deepcopy(policy) if self.has_trainer and self.has_explorer else policy
+        engine = cfg.explorer if self.has_explorer else cfg.explorer.model_copy(update={"engine": "hf"})
+        self.engine = make_engine(engine, explorer_model, self.tokenizer, chat_template=cfg.model.chat_template,
+                                  model_dir=resolve_model_path(cfg.model.path, allow_download=cfg.model.allow_download),
+                                  seed=cfg.seed)
+        self.trainer: Trainer | None = None
+        self.sampler: Sampler | None = None
+        if self.has_trainer:
+            self.trainer = Trainer(policy, self.tokenizer.pad_token_id, cfg.trainer, self.algorithm,
+                                   temperature=cfg.explorer.temperature)
+            self.sampler = Sampler(self.store, cfg.buffer, self.algorithm,
+                                   micro_batch_size=cfg.trainer.micro_batch_size, epochs=cfg.trainer.epochs,
+                                   round_rows=cfg.explorer.tasks_per_round * cfg.explorer.repeat_times,
+                                   groups_per_round=cfg.explorer.tasks_per_round, seed=cfg.seed)
+        source = self.trainer.unwrapped if self.trainer else None
+        target = self.engine if self.has_explorer else None
+        self.weights = (MemoryWeightSync(source, target) if cfg.sync.method == "memory"
+                        else StoreWeightSync(self.store, source, target))
+        self.policy_version = 0  # the trainer's: +1 after the warm start, +1 per trained round
         self.validation_log: list[ValidationEntry] = []
+        self.stop_requested = False  # set to end waits for another process early
 
     # setup -----------------------------------------------------------------------------------
     def prepare(self) -> dict[str, float]:
@@ -132,13 +153,29 @@ class Campaign:
         return tasks_from_table(self.store.read_tasks("eval"))
 
     def warm_start(self, progress=None) -> dict[str, float]:
-        """Expert-only SFT steps before the RL rounds (``trainer.warmup_steps``), then sync."""
-        steps = self.cfg.trainer.warmup_steps
-        if steps == 0:
-            return {}
-        last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), self.cfg.trainer.warmup_lr, progress)
-        self.weights.sync()
-        return {"warmup/steps": float(steps), "warmup/loss_sft": last.get("loss/sft", float("nan"))}
+        """Expert-only SFT steps before the RL rounds (``trainer.warmup_steps``; the policy's version
+        becomes 1), then the start weights go to the explorer (published even with no steps, as
+        version 0, so an explorer process knows the trainer is there)."""
+        steps, metrics = self.cfg.trainer.warmup_steps, {}
+        if steps:
+            last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), self.cfg.trainer.warmup_lr, progress)
+            self.policy_version += 1
+            metrics = {"warmup/steps": float(steps), "warmup/loss_sft": last.get("loss/sft", float("nan"))}
+        self.weights.publish(self.policy_version)
+        return metrics
+
+    def start_version(self) -> int:
+        """The policy's version when the rounds start: 1 after a warm start, else 0."""
+        return 1 if self.cfg.trainer.warmup_steps else 0
+
+    def needed_version(self, round_no: int) -> int:
+        """The oldest weights the explorer may explore ``round_no`` with, when it runs ``sync.offset``
+        rounds ahead: those the trainer published after round p = ⌊(round − 1 − offset) / interval⌋ ·
+        interval (the start weights while p ≤ 0). Rows of the round are then at most
+        offset + interval − 1 versions behind the trainer that trains on them."""
+        sync = self.cfg.sync
+        published = (round_no - 1 - sync.offset) // sync.interval * sync.interval
+        return self.start_version() + max(0, published)
 
     # the round's stages (ROUND) --------------------------------------------------------------
     def explore(self, round_no: int) -> dict[str, float]:
@@ -148,6 +185,12 @@ class Campaign:
         ``tasks_per_round`` groups have unequal rewards (at most ``explorer.max_explore_batches``).
         """
         ex = self.cfg.explorer
+        if not self.has_trainer:  # an explorer alone: weights come from the store
+            self.weights.wait_for(self.needed_version(round_no), timeout=self.cfg.sync.timeout_seconds,
+                                  stop=lambda: self.stop_requested)
+            if self.stop_requested:
+                raise StopRequested(f"round {round_no}: stopped while waiting for weights of version "
+                                    f">= {self.needed_version(round_no)}")
         torch.manual_seed(self.cfg.seed * 1_000_003 + round_no)
         tables, batches = [], 0
         rates = self.pass_rates() if ex.task_selector == "curriculum" else None
@@ -177,7 +220,7 @@ class Campaign:
         scored = explorer.score(self.store.read_staging(round_no, "rollouts"), self.tasks_by_id, self.reward_fn,
                                 self.cfg.reward.function)
         contracts = self.cfg.contracts
-        bounds = ContractBounds.of(contracts, max_model_version=self.weights.version,
+        bounds = ContractBounds.of(contracts, max_model_version=max(self.weights.version, self.policy_version),
                                    group_size=self.cfg.explorer.repeat_times)
         verdict = check_experiences(scored, bounds)
         self._record("experience contract", round_no, scored.num_rows, verdict.quarantined)
@@ -215,16 +258,48 @@ class Campaign:
     def train(self, round_no: int) -> dict[str, float]:
         """Update the policy on the round's batch (see ``buffer.sampling``: explorer rows by FIFO or
         replay, plus expert rows, mixed and ordered); then mark those explorer rows consumed."""
-        batch = self.sampler.round_batch(self.weights.version, round_no)
+        if not self.has_explorer:  # a trainer alone: the round's experiences come from the explorer process
+            self.await_round(round_no)
+        batch = self.sampler.round_batch(self.policy_version, round_no)
         lr = self.trainer.round_lr(round_no, self.cfg.rounds)
         self.trainer.set_lr(lr)
         metrics = {**self.trainer.train(batch.rows, batch.steps), **batch.metrics, "train/lr": lr}
         batch.commit()
+        self.policy_version += 1
         return metrics
 
+    def await_taskset(self) -> dict[str, float]:
+        """An explorer alone: wait until the trainer process has stored the taskset splits."""
+        self._wait(lambda: self.store.tasks_committed(), "the taskset (the trainer's `prepare`)")
+        return {"tasks/train": len(self.train_tasks)}
+
+    def await_round(self, round_no: int) -> None:
+        """Wait until round ``round_no``'s experiences are committed (by an explorer process)."""
+        self._wait(lambda: self.store.round_committed(round_no), f"round {round_no}'s experiences (the explorer's)")
+
+    def _wait(self, ready, what: str) -> None:
+        """Poll ``ready()`` until true; ``TimeoutError`` naming ``what`` after ``sync.timeout_seconds``."""
+        start = time.monotonic()
+        while not ready():
+            if self.stop_requested:
+                raise StopRequested(f"stopped while waiting for {what}")
+            if time.monotonic() - start > self.cfg.sync.timeout_seconds:
+                raise TimeoutError(f"waited {self.cfg.sync.timeout_seconds:.0f} s for {what} in {self.store.url}: "
+                                   "is the other process (`rftflow run --mode explore|train`) running?")
+            time.sleep(0.5)
+
+    def sync_due(self, round_no: int) -> bool:
+        """Weights move every ``sync.interval`` rounds, after the last, and before each evaluation and
+        checkpoint (so both see the trainer's policy)."""
+        cfg = self.cfg
+        return (round_no % cfg.sync.interval == 0 or round_no == cfg.rounds or round_no % cfg.eval.every == 0
+                or round_no % cfg.checkpoint.every == 0)
+
     def sync(self, round_no: int) -> dict[str, float]:
-        """Push the trainer's weights to the explorer; bump the weight version."""
-        return {"sync/weight_version": float(self.weights.sync())}
+        """Publish the trainer's weights to the explorer when due (``sync_due``); the explorer's version."""
+        if self.sync_due(round_no):
+            self.weights.publish(self.policy_version)
+        return {"sync/weight_version": float(self.weights.version)}
 
     def run_round(self, round_no: int) -> dict[str, float]:
         """The stages of ``ROUND`` in order, without Prefect (tests, benchmarks, notebooks)."""
@@ -257,16 +332,16 @@ class Campaign:
         save_trainer(self.trainer, out)
         self.tokenizer.save_pretrained(out)
         resume = {
-            "round": round_no, "weight_version": self.weights.version,
+            "round": round_no, "weight_version": self.policy_version,
             "sampler": {"pick": self.sampler.pick_rng.getstate(), "order": self.sampler.order_rng.getstate()},
             "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
             "buffer_state": {name: self.store.read_state(name) for name in RESUMABLE_STATE},
             "validation_log": [asdict(e) for e in self.validation_log],
         }
         (out / "campaign.json").write_text(json.dumps(resume))
-        meta = {**meta, "round": round_no, "weight_version": self.weights.version}
-        self.store.write_checkpoint(self.weights.version, out, meta)
-        return {**meta, "prefix": self.store.checkpoint_prefix(self.weights.version)}
+        meta = {**meta, "round": round_no, "weight_version": self.policy_version}
+        self.store.write_checkpoint(self.policy_version, out, meta)
+        return {**meta, "prefix": self.store.checkpoint_prefix(self.policy_version)}
 
     def restore(self, version: int, into: Path) -> int:
         """Continue from committed checkpoint ``version`` (downloaded into ``into``): trainer,
@@ -275,11 +350,12 @@ class Campaign:
         self.store.read_checkpoint(version, into)
         load_trainer(self.trainer, into)
         resume = json.loads((into / "campaign.json").read_text())
-        self.weights.restore(resume["weight_version"])
+        self.policy_version = resume["weight_version"]
+        self.weights.publish(self.policy_version)  # checkpoints follow a sync: the explorer had these weights
         for rng, saved in ((self.sampler.pick_rng, resume["sampler"]["pick"]),
                            (self.sampler.order_rng, resume["sampler"]["order"])):
             rng.setstate((saved[0], tuple(saved[1]), saved[2]))
-        for name in RESUMABLE_STATE:
+        for name in RESUMABLE_STATE if self.has_explorer else TRAINER_STATE:  # an explorer process keeps its own
             value = resume["buffer_state"][name]
             if value is None:
                 self.store.delete_state(name)

@@ -86,6 +86,13 @@ class ExplorerConfig(_Section):
         4, gt=0, description="Dynamic sampling (DAPO): the most task batches one round explores to find "
         "`tasks_per_round` groups whose rewards differ.",
     )
+    engine: Literal["hf", "openai", "vllm"] = Field(
+        "hf", description="Rollout engine (see components.explore.engines): `hf` transformers `generate` in this "
+        "process; `openai` an OpenAI-compatible completions server that returns token ids and log-probs "
+        "(`vllm serve`; `base_url`, `served_model`); `vllm` vLLM in this process, on a GPU (the `vllm` extra).",
+    )
+    base_url: str | None = Field(None, description="`openai` engine: the server's URL, e.g. http://127.0.0.1:8000.")
+    served_model: str | None = Field(None, description="`openai` engine: the model name the server serves.")
 
 
 class AlgorithmConfig(_Section):
@@ -177,6 +184,36 @@ class CheckpointConfig(_Section):
     keep_last: int = Field(2, gt=0, description="Keep the newest k checkpoints (older ones are deleted from the "
                            "store and the MLflow run).")
     keep_best: bool = Field(True, description="Also keep the checkpoint with the best held-out accuracy.")
+
+
+class SyncConfig(_Section):
+    method: Literal["memory", "checkpoint"] = Field(
+        "memory", description="How new weights reach the explorer: `memory` (one process: copied in place) or "
+        "`checkpoint` (published to the store as weights/vNNNNNN; the explorer loads a newer version when it "
+        "appears; needed when explorer and trainer are two processes, `mode: explore` / `mode: train`).",
+    )
+    interval: int = Field(1, gt=0, description="Weights move every k rounds (and before each evaluation and "
+                          "checkpoint).")
+    offset: int = Field(
+        1, ge=0, description="`async`, `explore`/`train`: how many rounds the explorer may run ahead of the "
+        "trainer. A row's staleness (trainer version − its `model_version`) is at most offset + interval − 1.",
+    )
+    timeout_seconds: float = Field(
+        1800.0, gt=0, description="Two processes: how long one waits for the other (weights, a round's "
+        "experiences) before failing in one line.",
+    )
+
+
+class BenchConfig(_Section):
+    models: list[str] = Field(
+        default_factory=list, description="`mode: bench`: the models to evaluate: checkpoints of this campaign by "
+        "weight version (`checkpoint:12` = checkpoints/v000012, `checkpoint:latest`), model directories, `builtin:tiny`, or registered "
+        "MLflow versions (`models:/name/3`, `models:/name@champion`).",
+    )
+    tasksets: list[str] = Field(
+        default_factory=list, description="Eval tasksets (taskset sources; their held-out split of "
+        "`taskset.eval_size` tasks); empty: the campaign's own held-out split.",
+    )
 
 
 class EvalConfig(_Section):
@@ -281,6 +318,18 @@ class CampaignConfig(_Section):
     name: str = Field("campaign", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Campaign name (run dir, keys).")
     seed: int = Field(0, description="Seed for tasks, sampling and initialisation.")
     rounds: int = Field(10, gt=0, description="Explore → verify → buffer → train → sync rounds.")
+    threads: int | None = Field(
+        None, gt=0, description="Torch CPU threads of this process (None: torch's default, every core). Two "
+        "processes on one machine (`mode: explore` + `mode: train`) each take their share: on 2 cores, two processes "
+        "with the default threads ran a warm start about 50× slower than one.",
+    )
+    mode: Literal["both", "async", "explore", "train", "bench"] = Field(
+        "both", description="`both`: explorer and trainer in turn, in one process; `async`: in one process, the "
+        "explorer up to `sync.offset` rounds ahead of the trainer (overlapping); `explore`: the explorer alone "
+        "(generates, verifies and stores experiences with the newest published weights); `train`: the trainer "
+        "alone (trains on what the store holds, publishes weights); `bench`: evaluate `bench.models` on "
+        "`bench.tasksets`. `explore` + `train` on one store form one campaign (`sync.method: checkpoint`).",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     taskset: TasksetConfig = Field(default_factory=TasksetConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
@@ -289,6 +338,8 @@ class CampaignConfig(_Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+    bench: BenchConfig = Field(default_factory=BenchConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     contracts: ContractsConfig = Field(default_factory=ContractsConfig)
     pipelines: PipelinesConfig = Field(default_factory=PipelinesConfig)
@@ -316,6 +367,19 @@ class CampaignConfig(_Section):
     def _cross_checks(self) -> CampaignConfig:
         if self.algorithm.name == "sft" and self.buffer.expert_per_round == 0:
             raise ValueError("buffer.expert_per_round must be > 0 for `sft` (it trains on expert rows only)")
+        if self.mode in ("explore", "train") and self.sync.method != "checkpoint":
+            role = "explorer" if self.mode == "explore" else "trainer"
+            raise ValueError(f"mode {self.mode!r} runs the {role} alone: weights move through the store; "
+                             "set sync.method=checkpoint")
+        if self.explorer.engine == "openai" and not (self.explorer.base_url and self.explorer.served_model):
+            raise ValueError("explorer.engine 'openai' needs explorer.base_url and explorer.served_model")
+        if self.mode == "bench" and not self.bench.models:
+            raise ValueError("mode 'bench' needs bench.models (checkpoint:N, model dirs or models:/name/version)")
+        bound = self.algorithm.max_staleness
+        ahead = self.sync.offset if self.mode in ("async", "explore", "train") else 0
+        if bound is not None and ahead + self.sync.interval - 1 > bound:
+            raise ValueError(f"algorithm.max_staleness {bound} is below what sync allows: offset {ahead} + "
+                             f"interval {self.sync.interval} − 1; lower sync.offset/sync.interval or raise the bound")
         return self
 
 

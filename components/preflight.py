@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from components.algorithms import Algorithm
 from components.buffer.layout import run_store_url
-from components.buffer.state import CampaignState, StateStore, config_changes
+from components.buffer.state import CampaignState, StateStore, config_changes, state_role
 from components.buffer.store import open_store, parse_store_url, redact_url, store_options
 from components.config import CampaignConfig, ConfigError, load_config
 from components.data.pipelines import check_pipeline
@@ -100,11 +100,13 @@ def _previous_state(cfg: CampaignConfig, run_dir: Path) -> CampaignState | None:
     was started with another config or is running in another process. Reads, never writes."""
     url = run_store_url(cfg.storage, run_dir)
     scheme, location, _ = parse_store_url(url)
+    if cfg.mode == "bench":
+        return None  # a bench run keeps no campaign state
     if scheme == "file" and not (Path(location) / cfg.name / "state").is_dir():
         return None  # (opening a FileStore would create its directory)
     try:
         store = open_store(url, **(store_options(cfg.storage) if scheme == "s3" else {}))
-        previous = StateStore(store, cfg.name).read()
+        previous = StateStore(store, cfg.name, state_role(cfg.mode)).read()
     except Exception as e:  # noqa: BLE001 — botocore's errors (no such bucket, access denied) in one line
         if isinstance(e, (ValueError, ConfigError)):
             raise

@@ -19,12 +19,15 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from components.buffer.state import Attempt, CampaignState, StateStore, fingerprint, now
+from components.buffer.layout import shard_order
+from components.buffer.state import Attempt, CampaignState, StateStore, fingerprint, now, state_role
 from components.campaign import ROUND, Campaign
 from components.data.report import validation_report
 from components.preflight import Preflight
@@ -43,13 +46,15 @@ class CampaignRun:
     def __init__(self, checked: Preflight, *, flow_run_id: str | None = None):
         self.cfg, self.run_dir = cfg, out = checked.cfg, checked.run_dir
         self.campaign = Campaign(checked)  # opens the store (recording it in the run dir), loads the models
-        self.states = StateStore(self.campaign.store.objects, cfg.name)
+        self.states = StateStore(self.campaign.store.objects, cfg.name, state_role(cfg.mode))
         config = cfg.model_dump(mode="json")
         self.state = self.states.read() or CampaignState(campaign=cfg.name, fingerprint=fingerprint(config),
                                                          config=config)
-        self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, cfg.name,
+        run_name = cfg.name if self.campaign.has_trainer else f"{cfg.name}-explorer"
+        self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, run_name,
                                artifact_root=out / "mlartifacts", run_id=self.state.mlflow_run_id,
-                               tags={"campaign": cfg.name, "prefect.flow_run_id": flow_run_id or ""})
+                               tags={"campaign": cfg.name, "rftflow.mode": cfg.mode,
+                                     "prefect.flow_run_id": flow_run_id or ""})
         self.tracker.log_params(config)
         self.state.mlflow_run_id = self.tracker.run_id
         self.state.status, self.state.error = "running", None
@@ -64,6 +69,12 @@ class CampaignRun:
         self.last_reward: float | None = None
         self.started = time.perf_counter()
         self.resumed_from: int | None = None
+        self._lock = threading.RLock()  # async mode: two lanes record their stages at once
+        self.round_stages = {"explore": ROUND[:3], "train": ROUND[3:]}.get(cfg.mode, ROUND)  # this process's
+        if not self.campaign.has_trainer:  # an explorer alone redoes its newest committed round (idempotent)
+            shards = self.campaign.store.usual_shards()
+            self.resumed_from = max(0, shard_order(shards[-1])[0] - 1) if shards else None
+            return
         committed = self.campaign.store.checkpoints()
         if committed:  # the newest, even if the state did not record it before a crash
             with tempfile.TemporaryDirectory() as into:
@@ -101,28 +112,57 @@ class CampaignRun:
         start = time.perf_counter()
         metrics = {k: float(v) for k, v in work().items()}
         metrics[f"time/{name}_s"] = time.perf_counter() - start
-        self.tracker.log_metrics(metrics, step=round_no)
-        self.last_reward = metrics.get("reward/mean", self.last_reward)
-        self.state.round, self.state.stage = round_no, name
-        if name == ROUND[-1]:
-            self.state.rounds_done = round_no
-        self.state.weight_version = self.campaign.weights.version
-        self.states.write(self.state)
+        with self._lock:
+            self.tracker.log_metrics(metrics, step=round_no)
+            self.last_reward = metrics.get("reward/mean", self.last_reward)
+            self.state.round, self.state.stage = round_no, name
+            if name == self.round_stages[-1]:
+                self.state.rounds_done = round_no
+            self.state.weight_version = self.campaign.policy_version
+            self.states.write(self.state)
         return metrics
 
     def steps(self) -> Iterator[tuple[str, int]]:
-        """What is left, in order, as (step, round): prepare, the warm start, evaluation and a
-        checkpoint at round 0 (for a fresh campaign); then each round's stages (``ROUND``),
-        evaluations and checkpoints as due; and register."""
+        """What is left, in order, as (step, round) — ``phases`` flattened."""
+        for phase in self.phases():
+            for lane in phase:
+                yield from lane
+
+    def phases(self) -> Iterator[list[list[tuple[str, int]]]]:
+        """What is left, as phases: each a list of lanes that may run at once, each lane a list of
+        (step, round) in order. One lane of one step, except in mode ``async``.
+
+        ``both``: prepare, the warm start, evaluation and a checkpoint at round 0 (for a fresh
+        campaign); then each round's stages (``ROUND``), evaluations and checkpoints as due; and
+        register. ``train``: the same without explore/verify/buffer (``train`` waits for an explorer
+        process to commit the round). ``explore``: wait for the trainer's taskset, then explore,
+        verify and buffer each round. ``async``: as ``both``, but the explorer runs ``sync.offset``
+        rounds ahead: round t + offset is explored, verified and stored while round t trains."""
+        mode, one = self.cfg.mode, (lambda name, r: [[(name, r)]])
+        if mode == "explore":
+            if self.fresh:
+                yield one("await_taskset", 0)
+            for r in self.rounds_left:
+                yield from (one(stage, r) for stage in self.round_stages)
+            return
         if self.fresh:
-            yield from (("prepare", 0), ("warm_start", 0), ("evaluate", 0), ("checkpoint", 0))
+            yield from (one(name, 0) for name in ("prepare", "warm_start", "evaluate", "checkpoint"))
+        ahead = self.cfg.sync.offset if mode == "async" else 0
+        first, last = self.rounds_left.start, self.cfg.rounds
+        explore = (lambda r: [(stage, r) for stage in ROUND[:3]] if first <= r <= last else [])
+        for r in range(first, min(first + ahead, last + 1)):  # the explorer's head start
+            yield [explore(r)]
         for r in self.rounds_left:
-            yield from ((stage, r) for stage in ROUND)
+            if ahead:
+                yield [lane for lane in (explore(r + ahead), [("train", r)]) if lane]
+            else:
+                yield from (one(stage, r) for stage in self.round_stages[:-1])
+            yield one("sync", r)
             if self.eval_due(r):
-                yield "evaluate", r
+                yield one("evaluate", r)
             if self.checkpoint_due(r):
-                yield "checkpoint", r
-        yield "register", self.cfg.rounds
+                yield one("checkpoint", r)
+        yield one("register", self.cfg.rounds)
 
     def step(self, name: str, round_no: int) -> dict[str, Any]:
         """Do step ``name`` (see ``steps``) for round ``round_no``."""
@@ -132,15 +172,24 @@ class CampaignRun:
             return self._tracked(name, round_no, self.campaign.prepare)
         if name == "warm_start":
             return self._tracked(name, round_no, lambda: self.campaign.warm_start(self.on_warmup_step))
+        if name == "await_taskset":
+            return self._tracked(name, round_no, self.campaign.await_taskset)
         if name in ("evaluate", "checkpoint", "register"):
             return getattr(self, name)(round_no)
-        raise ValueError(f"unknown step {name!r}; known: prepare, warm_start, {', '.join(ROUND)}, evaluate, "
-                         "checkpoint, register")
+        raise ValueError(f"unknown step {name!r}; known: prepare, warm_start, await_taskset, {', '.join(ROUND)}, "
+                         "evaluate, checkpoint, register")
 
     def run(self) -> dict[str, Any]:
-        """Every step left, then the summary (in plain Python; the flow runs them as tasks)."""
-        for name, round_no in self.steps():
-            self.step(name, round_no)
+        """Every step left, then the summary (in plain Python; the flow runs them as tasks): the
+        lanes of a phase in threads, at once."""
+        for phase in self.phases():
+            if len(phase) == 1:
+                for name, round_no in phase[0]:
+                    self.step(name, round_no)
+                continue
+            with ThreadPoolExecutor(len(phase)) as pool:
+                for done in [pool.submit(lambda lane=lane: [self.step(*s) for s in lane]) for lane in phase]:
+                    done.result()
         return self.finish()
 
     def evaluate(self, round_no: int) -> dict[str, float]:
@@ -214,10 +263,12 @@ class CampaignRun:
             "model_version": self.state.model_version, "model_uri": f"models:/{name}/{self.state.model_version}",
             "store_url": self.campaign.store.url, "prefect_flow_run_id": self.flow_run_id or "",
             "run_dir": str(self.run_dir), "validation_report": str(report), "validation_report_mlflow": report_uri,
-            "attempts": len(self.state.attempts), "resumed_from_round": self.resumed_from,
+            "attempts": len(self.state.attempts), "resumed_from_round": self.resumed_from, "mode": self.cfg.mode,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        self.tracker.log_metrics({"eval/accuracy_before": before, "eval/accuracy_after": after}, step=self.cfg.rounds)
+        if after is not None:
+            self.tracker.log_metrics({"eval/accuracy_before": before, "eval/accuracy_after": after},
+                                     step=self.cfg.rounds)
         self.end("finished")
         return summary
 

@@ -22,14 +22,14 @@ from prefect import flow, runtime
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Cancelled, Completed, Failed, State
 
-from components.campaign import ROUND
+from components.campaign import StopRequested
 from components.config import ConfigError
 from components.buffer.store import StoreUnavailable
 from components.data.contracts import ContractError
 from components.preflight import Preflight, preflight
 from components.run import CampaignRun, move_aside
 from flows.progress import CampaignProgress
-from tasks.stages import TASKS
+from tasks.stages import TASKS, bench
 
 
 class Interrupted(Exception):
@@ -77,6 +77,7 @@ def stop_on_signals(run: CampaignRun) -> Iterator[None]:
         if run.stop_requested:
             raise KeyboardInterrupt
         run.stop_requested = signal.Signals(signum).name
+        run.campaign.stop_requested = True  # ends a wait for the other process of a two-process campaign
 
     try:
         previous = {s: signal.signal(s, request) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -88,6 +89,19 @@ def stop_on_signals(run: CampaignRun) -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _run_lanes(run: CampaignRun, phase: list[list[tuple[str, int]]]) -> None:
+    """Submit each lane's steps as a chain of task runs (each waits for the one before) and wait for
+    all lanes; raises the first failure."""
+    ends = []
+    for lane in phase:
+        previous = None
+        for name, round_no in lane:
+            previous = TASKS[name].submit(run, round_no, wait_for=[previous] if previous else None)
+        ends.append(previous)
+    for end in ends:
+        end.result()
 
 
 def _stop_if_asked(run: CampaignRun, round_no: int, stage: str) -> None:
@@ -142,6 +156,9 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
         checked = preflight(config, _filled(run_dir), overrides, restart=restart)
     except ConfigError as e:
         return Failed(message=str(e), data=e)
+    if checked.cfg.mode == "bench":
+        state = bench(checked, return_state=True)
+        return state.result() if state.is_completed() else Failed(message=state.message)
     if checked.finished:
         summary_file = checked.run_dir / "summary.json"
         return Completed(message=summary_line(checked),
@@ -153,16 +170,26 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
     try:
         with stop_on_signals(run), CampaignProgress(run.cfg, enabled=show_progress) as progress:
             run.on_warmup_step = progress.warmup
-            for name, round_no in run.steps():
-                if name == ROUND[0] and round_no == run.rounds_left.start:  # the first round of this attempt
-                    progress.start_rounds(run.accuracy_before, done=round_no - 1)
-                TASKS[name](run, round_no, return_state=True).result()  # raises what failed it
-                if name == ROUND[-1]:
-                    progress.round_done(round_no, run.last_reward, run.accuracy_last)
-                _stop_if_asked(run, round_no, name)
+            first, last = run.round_stages[0], run.round_stages[-1]
+            for phase in run.phases():
+                if len(phase) > 1:  # lanes at once (mode async): each a chain of task runs
+                    _run_lanes(run, phase)
+                    continue
+                for name, round_no in phase[0]:
+                    if name == first and round_no == run.rounds_left.start:  # the first round of this attempt
+                        progress.start_rounds(run.accuracy_before, done=round_no - 1)
+                    TASKS[name](run, round_no, return_state=True).result()  # raises what failed it
+                    if name == last:
+                        progress.round_done(round_no, run.last_reward, run.accuracy_last)
+                    _stop_if_asked(run, round_no, name)
         summary = run.finish()
         create_markdown_artifact(_summary_markdown(summary), key=re.sub(r"[^a-z0-9-]+", "-", f"{run.cfg.name.lower()}-summary"),
                                  description="rftflow campaign summary")
+    except StopRequested as e:  # while waiting for the other process
+        e = Interrupted(f"campaign {run.cfg.name} {e} ({run.stop_requested}); run the same command to resume")
+        run.validation_report()
+        run.end("interrupted", str(e))
+        return Cancelled(message=str(e), data=e)
     except Interrupted as e:
         run.validation_report()
         run.end("interrupted", str(e))

@@ -47,6 +47,8 @@ def run(
     restart: Annotated[bool, typer.Option("--restart", help="Start over: move the campaign in the run dir "
                                                              "aside (nothing is deleted).")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
+    mode: Annotated[Optional[str], typer.Option("--mode", help="both | async | explore | train | bench "
+                                                "(overrides the config's `mode`).")] = None,
 ) -> None:
     """Run a campaign to the end, or resume it from its newest checkpoint, and print its summary.
 
@@ -54,6 +56,7 @@ def run(
     """
     if progress:  # the bars report progress; Prefect's per-task INFO lines still reach its API and UI
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    overrides = [*overrides, f"mode={mode}"] if mode else overrides
     checked = _preflight(config, run_dir, overrides, restart)  # the flow passes it too; here before Prefect starts
     from flows.campaign import rft_campaign, summary_line
     from flows.prefect_api import embedded_prefect_api
@@ -74,10 +77,17 @@ def run(
     if not state.is_completed():
         _fail(state.message.removeprefix("Flow run encountered an exception: "), 1)
     summary = state.result()
+    if cfg.mode == "bench":
+        table = Table("model", "taskset", "tasks", "accuracy", title=f"bench {cfg.name}")
+        for row in summary["results"]:
+            table.add_row(row["model"], row["taskset"], str(row["tasks"]), f"{row['accuracy']:.3f}")
+        Console().print(table)
+        Console().print(f"MLflow run {summary['mlflow_run_id']} ({summary['mlflow_tracking_uri']})")
+        return
     table = Table(title=f"campaign {cfg.name}", show_header=False)
-    for key in ("eval_accuracy_before", "eval_accuracy_after", "rounds", "wall_seconds", "model_name",
+    for key in ("mode", "eval_accuracy_before", "eval_accuracy_after", "rounds", "wall_seconds", "model_name",
                 "model_version", "mlflow_run_id", "store_url"):
-        value = summary[key]
+        value = summary.get(key)
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     if summary.get("resumed_from_round") is not None:
         table.add_row("resumed_from_round", str(summary["resumed_from_round"]))

@@ -37,6 +37,7 @@ class CampaignProgress:
         status = f"acc {accuracy:.3f}" if accuracy is not None else ""
         self._rounds = self.progress.add_task("rounds", total=self.cfg.rounds, completed=done, status=status)
 
-    def round_done(self, round_no: int, reward: float, accuracy: float | None) -> None:
-        acc = f"  acc {accuracy:.3f}" if accuracy is not None else ""
-        self.progress.update(self._rounds, completed=round_no, status=f"reward {reward:.3f}{acc}")
+    def round_done(self, round_no: int, reward: float | None, accuracy: float | None) -> None:
+        """``reward`` None: a trainer process (the explorer process measures rewards)."""
+        parts = [f"reward {reward:.3f}" if reward is not None else "", f"acc {accuracy:.3f}" if accuracy is not None else ""]
+        self.progress.update(self._rounds, completed=round_no, status="  ".join(p for p in parts if p))

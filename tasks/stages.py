@@ -1,4 +1,4 @@
-"""The campaign's Prefect tasks: one per step of ``CampaignRun.steps`` (prepare, warm_start, the
+"""The campaign's Prefect tasks: one per step of ``CampaignRun.phases`` (prepare, warm_start, the
 stages of ``components.campaign.ROUND``, evaluate, checkpoint, register), each one
 ``CampaignRun.step`` call (timed, logged to MLflow at step = round, recorded in the campaign's
 state). Task runs are named by step and round (``explore[r=3]``) for the Prefect UI; ``TASKS``
@@ -51,15 +51,29 @@ def _step_task(name: str, doc: str, **retry):
 IDEMPOTENT = {"retries": 2, "retry_delay_seconds": 1, "retry_condition_fn": worth_retrying}
 TASKS = {
     "prepare": _step_task("prepare", "Store the taskset splits and expert demonstrations (idempotent).", **IDEMPOTENT),
-    "warm_start": _step_task("warm_start", "Expert-only SFT before the RL rounds."),
+    "warm_start": _step_task("warm_start", "Expert-only SFT before the RL rounds; the start weights to the explorer."),
+    "await_taskset": _step_task("await_taskset", "An explorer process: wait for the trainer's taskset."),
     "explore": _step_task("explore", "Sample tasks and generate groups of responses → staging."),
     "verify": _step_task("verify", "Score the round's rollouts and check the experience contract."),
     "buffer": _step_task("buffer", "Commit verified rows to the buffer, rejected ones to quarantine (idempotent).",
                          **IDEMPOTENT),
-    "train": _step_task("train", "Update the policy on the round's batch with the configured algorithm."),
-    "sync": _step_task("sync", "Push the trainer's new weights to the explorer; bump the weight version."),
+    "train": _step_task("train", "Update the policy on the round's batch with the configured algorithm "
+                                 "(a trainer process first waits for the explorer's round)."),
+    "sync": _step_task("sync", "Publish the trainer's weights to the explorer, when due (sync.interval)."),
     "evaluate": _step_task("evaluate", "Greedy accuracy on the held-out split (round 0: before the rounds)."),
     "checkpoint": _step_task("checkpoint", "Weights, optimizer, RNG and buffer state to the store and MLflow."),
     "register": _step_task("register", "Log the final model and register it as a model version (once).",
                            **IDEMPOTENT),
 }
+
+
+@task(name="bench", cache_policy=NO_CACHE)
+def bench(checked) -> dict | State:
+    """``mode: bench``: every model of ``bench.models`` on every eval taskset, one MLflow run. A
+    model that cannot be found fails it in one line."""
+    from components.bench import BenchModelError, bench as run_bench
+
+    try:
+        return run_bench(checked)
+    except BenchModelError as e:
+        return Failed(message=str(e), data=e)

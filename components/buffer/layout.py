@@ -13,6 +13,11 @@ Object layout under ``<campaign>/`` (every Parquet shard committed with a marker
     quarantine/failed/round=N/part-*.parquet           the bad rows of a round that failed its contract
     checkpoints/vNNNNNN/                               weights (a Hugging Face model dir), optimizer,
                                                        RNG and buffer state; checkpoint.json commits it
+    weights/vNNNNNN/model.safetensors                  published policy weights (sync.method=checkpoint);
+                                                       weights.json commits a version
+    weights/latest.json                                the newest published version (a pointer)
+    state/campaign/gNNNNNNNN.json                      the campaign's state, one generation per update
+                                                       (state/explorer/: an explorer process's own)
     state/<name>.json                                  what resume needs: the FIFO cursor, replay use
                                                        counts, measured pass rates; ingest-<hash>: the
                                                        report of an ingested file
@@ -47,6 +52,7 @@ KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"),
 
 STORE_FILE = "store.json"
 CHECKPOINT_MANIFEST = "checkpoint.json"  # a checkpoint's commit marker, written last
+WEIGHTS_MANIFEST = "weights.json"  # a published weight version's commit marker, written last
 _WHERE = ("endpoint_url", "region", "addressing_style")  # how to reach the store; never credentials
 _ROUND = re.compile(r"/round=(\d+)/")
 
@@ -134,6 +140,10 @@ class CampaignStore:
     def write_tasks(self, split: str, table: pa.Table) -> str:
         return write_shard(self.objects, self.key("tasksets", split), table)
 
+    def tasks_committed(self) -> bool:
+        """Whether both taskset splits are stored (the campaign was prepared)."""
+        return all(is_committed(self.objects, self.key("tasksets", split)) for split in ("train", "eval"))
+
     def read_tasks(self, split: str) -> pa.Table:
         return read_committed(self.objects, self.key("tasksets", split))
 
@@ -147,6 +157,10 @@ class CampaignStore:
     # experiences -----------------------------------------------------------------------------
     def write_usual(self, round_no: int, table: pa.Table) -> str:
         return write_shard(self.objects, self.key("experiences", "usual", round_dir(round_no)), table)
+
+    def round_committed(self, round_no: int) -> bool:
+        """Whether round ``round_no``'s explorer experiences are committed (its buffer stage ran)."""
+        return is_committed(self.objects, self.key("experiences", "usual", round_dir(round_no)))
 
     def usual_shards(self, max_round: int | None = None) -> list[str]:
         """Committed usual-experience shards, oldest round first (up to ``max_round``)."""
@@ -229,6 +243,42 @@ class CampaignStore:
         """Uncommit (manifest first), then delete checkpoint ``version``."""
         prefix = self.checkpoint_prefix(version)
         self.objects.delete(f"{prefix}/{CHECKPOINT_MANIFEST}")
+        for key in self.objects.list(prefix + "/"):
+            self.objects.delete(key)
+
+    # published weights (sync.method=checkpoint) -----------------------------------------------
+    def weights_prefix(self, version: int) -> str:
+        return self.key("weights", f"v{version:06d}")
+
+    def write_weights(self, version: int, safetensors: bytes) -> str:
+        """Publish policy weights as ``version``: ``weights/vNNNNNN/model.safetensors``, then its
+        manifest ``weights.json`` (put-if-absent: the commit), then the pointer
+        ``weights/latest.json``. A reader trusts a version only once its manifest is there."""
+        prefix = self.weights_prefix(version)
+        self.objects.put(f"{prefix}/model.safetensors", safetensors)
+        manifest = {"version": version, "bytes": len(safetensors), "sha256": hashlib.sha256(safetensors).hexdigest()}
+        self.objects.put(f"{prefix}/{WEIGHTS_MANIFEST}", json.dumps(manifest, sort_keys=True).encode(), if_absent=True)
+        self.objects.put(self.key("weights", "latest.json"), json.dumps({"version": version}).encode())
+        return prefix
+
+    def published_weights(self) -> list[int]:
+        """Committed weight versions, oldest first."""
+        keys = self.objects.list(self.key("weights") + "/")
+        return sorted(int(k.split("/")[-2][1:]) for k in keys if k.endswith("/" + WEIGHTS_MANIFEST))
+
+    def read_weights(self, version: int) -> bytes:
+        """The safetensors bytes of committed version ``version`` (checked against its manifest)."""
+        prefix = self.weights_prefix(version)
+        manifest = json.loads(self.objects.get(f"{prefix}/{WEIGHTS_MANIFEST}"))
+        data = self.objects.get(f"{prefix}/model.safetensors")
+        if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            raise ValueError(f"{prefix}/model.safetensors: its bytes are not the ones its manifest describes")
+        return data
+
+    def delete_weights(self, version: int) -> None:
+        """Uncommit (manifest first), then delete published version ``version``."""
+        prefix = self.weights_prefix(version)
+        self.objects.delete(f"{prefix}/{WEIGHTS_MANIFEST}")
         for key in self.objects.list(prefix + "/"):
             self.objects.delete(key)
 

@@ -248,6 +248,10 @@ class Sampler:
                     usual, stale = drop_stale(usual, current_version, algo.max_staleness)
                     metrics["sample/dropped_stale"] = float(stale)
             metrics["sample/usual_rows"] = float(usual.num_rows)
+            if usual.num_rows:  # staleness: the trainer's version − the version that sampled the row
+                staleness = pc.subtract(pa.scalar(current_version, pa.int64()), usual.column("model_version").cast(pa.int64()))
+                metrics["sample/staleness_max"] = float(pc.max(staleness).as_py())
+                metrics["sample/staleness_mean"] = float(pc.mean(staleness).as_py())
             if algo.dynamic_sampling:
                 usual, dropped = drop_zero_variance_groups(usual)
                 usual = first_groups(usual, self.groups_per_round)

@@ -5,7 +5,8 @@ completed round and stage, the weight version, the last checkpoint, held-out acc
 MLflow run id, and every attempt (Prefect flow-run id, process, start, end, error).
 
 It is written with the commit protocol of the store: every update is a new generation
-``state/campaign/gNNNNNNNN.json`` created put-if-absent, so a reader sees whole documents only,
+``state/campaign/gNNNNNNNN.json`` (``state/explorer/`` for an explorer process of its own)
+created put-if-absent, so a reader sees whole documents only,
 and two processes updating one campaign at once cannot both win a generation (the loser gets
 ``StateConflict``). Readers take the highest generation; older ones are pruned to the last few.
 """
@@ -29,7 +30,8 @@ KEEP_GENERATIONS = 20
 # Keys that say how to reach or keep things, not what the campaign computes: changing them on a
 # run dir does not make it another campaign.
 OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_seconds", "checkpoint.keep_last",
-                    "checkpoint.keep_best")
+                    "checkpoint.keep_best", "sync.timeout_seconds", "explorer.base_url", "bench.models", "threads",
+                    "bench.tasksets")
 
 
 class StateConflict(RuntimeError):
@@ -121,10 +123,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 class StateStore:
-    """Generations of one campaign's state under ``<campaign>/state/campaign/``."""
+    """Generations of one campaign's state under ``<campaign>/state/<role>/``: ``campaign`` for the
+    process that trains (modes both, async, train), ``explorer`` for an explorer alone (mode explore)."""
 
-    def __init__(self, store: ObjectStore, campaign: str):
-        self.objects, self.prefix = store, f"{campaign}/state/campaign/"
+    def __init__(self, store: ObjectStore, campaign: str, role: str = "campaign"):
+        self.objects, self.prefix = store, f"{campaign}/state/{role}/"
         self.generation: int | None = None  # of the last document read or written here
 
     def _key(self, generation: int) -> str:
@@ -155,3 +158,8 @@ class StateStore:
         old = self.generation - KEEP_GENERATIONS
         if old >= 1:
             self.objects.delete(self._key(old))
+
+
+def state_role(mode: str) -> str:
+    """Whose state a process of ``mode`` keeps: ``explorer`` (mode explore) or ``campaign``."""
+    return "explorer" if mode == "explore" else "campaign"

@@ -1,15 +1,26 @@
 """Rollout engines: prompts → groups of sampled responses with their behaviour log-probs.
 
-``hf``: transformers ``generate`` in batches with a KV cache. Sampling draws from the full
-distribution at ``temperature`` (no top-k/top-p), so the recorded log-probs
-log softmax(logits / temperature)[token] are the behaviour policy's.
+Every engine has ``encode(prompt)``, ``generate(prompts, n=, max_new_tokens=, temperature=,
+greedy=)`` → groups of ``Rollout`` (token ids and each sampled token's log-prob), and
+``load_state_dict(weights)``, which weight sync calls with the trainer's newest weights.
+
+- ``hf``: transformers ``generate`` in batches with a KV cache, in this process.
+- ``openai``: an OpenAI-compatible completions server (``vllm serve``), over HTTP.
+- ``vllm``: vLLM in this process, on a GPU.
+
+Sampling draws from the full distribution at ``temperature`` (no top-k/top-p), so the recorded
+log-probs log softmax(logits / temperature)[token] are the behaviour policy's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tempfile
+from pathlib import Path
+
 import torch
+from safetensors.torch import save_file
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 
@@ -49,6 +60,10 @@ class HFRolloutEngine:
 
     def encode(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
+
+    @torch.no_grad()
+    def load_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(weights)
 
     @torch.no_grad()
     def _generate_batch(
@@ -101,3 +116,132 @@ class HFRolloutEngine:
             for i, rollout in zip(chunk, batch):
                 results[i] = rollout
         return [results[g * n: (g + 1) * n] for g in range(len(prompts))]  # type: ignore[misc]
+
+
+class OpenAIRolloutEngine:
+    """Sampling from an OpenAI-compatible completions server (``vllm serve`` …) that returns
+    token ids and log-probs: prompts go as token ids (``/v1/completions`` with ``prompt`` = ids),
+    responses come back as ids with each sampled token's log-prob (``return_token_ids`` and
+    ``logprobs=0``, vLLM's extensions), so rows are the same as the ``hf`` engine's.
+
+    After a sync the server loads the new weights in place (``load_state_dict``): they are written
+    to a temporary directory that the server reads, so it runs on this machine (or sees its
+    ``/tmp``), with ``VLLM_SERVER_DEV_MODE=1`` for vLLM's ``/collective_rpc`` endpoint.
+    """
+
+    def __init__(self, base_url: str, served_model: str, tokenizer: PreTrainedTokenizerBase, *,
+                 batch_size: int = 256, chat_template: bool = False, timeout: float = 600.0):
+        import httpx
+
+        self.base_url, self.served_model, self.tokenizer = base_url.rstrip("/"), served_model, tokenizer
+        self.batch_size, self.chat_template = batch_size, chat_template
+        self.client = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def encode(self, prompt: str) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, self.chat_template)
+
+    def _post(self, path: str, body: dict) -> dict:
+        response = self.client.post(path, json=body)
+        if response.status_code != 200:
+            raise RuntimeError(f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:300]}")
+        return response.json() if response.content else {}
+
+    def generate(
+        self, prompts: list[str], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
+        greedy: bool = False,
+    ) -> list[list[Rollout]]:
+        """``n`` responses per prompt (a group), sampled at ``temperature`` from the full
+        distribution (top_k/top_p off), or greedy when ``greedy``."""
+        encoded = [self.encode(p) for p in prompts]
+        per_request = max(1, self.batch_size // n)
+        groups: list[list[Rollout]] = []
+        for start in range(0, len(encoded), per_request):
+            chunk = encoded[start:start + per_request]
+            body = {"model": self.served_model, "prompt": chunk, "n": n, "max_tokens": max_new_tokens,
+                    "temperature": 0.0 if greedy else temperature, "top_p": 1.0, "top_k": -1, "logprobs": 0,
+                    "return_token_ids": True, "skip_special_tokens": True}
+            choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
+            for g, prompt in enumerate(chunk):
+                groups.append([self._rollout(prompt, c) for c in choices[g * n:(g + 1) * n]])
+        return groups
+
+    def _rollout(self, prompt: list[int], choice: dict) -> Rollout:
+        ids = list(choice["token_ids"])
+        logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        finished = choice["finish_reason"] == "stop"
+        eos = self.tokenizer.eos_token_id
+        if finished and (not ids or ids[-1] != eos):  # the server leaves the EOS out of token_ids
+            ids.append(eos)
+            logprobs.append(0.0 if len(logprobs) < len(ids) - 1 else logprobs[-1])
+        return Rollout(prompt_ids=list(prompt), response_ids=ids, logprobs=logprobs[:len(ids)],
+                       text=self.tokenizer.decode(ids, skip_special_tokens=True), finished=finished)
+
+    def load_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
+        """The server reloads its weights, in place: they are written as safetensors to a directory
+        it reads (``/collective_rpc`` ``reload_weights``; the server runs with ``VLLM_SERVER_DEV_MODE=1``)."""
+        with tempfile.TemporaryDirectory(prefix="rftflow-weights-") as out:
+            save_file(_unshared(weights), str(Path(out) / "model.safetensors"))
+            self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": out}})
+
+
+class VLLMRolloutEngine:
+    """vLLM in this process, on a GPU: ``vllm.LLM`` over the model directory; after a sync the
+    new weights are loaded in place (``reload_weights`` on the workers), no restart. Prompts go as
+    token ids; each sampled token's log-prob comes back with it (``logprobs=0``)."""
+
+    def __init__(self, model_dir: str, tokenizer: PreTrainedTokenizerBase, *, chat_template: bool = False,
+                 dtype: str = "auto", gpu_memory_utilization: float = 0.3, seed: int = 0):
+        from vllm import LLM  # the `vllm` extra, on a GPU machine
+
+        self.tokenizer, self.chat_template = tokenizer, chat_template
+        self.llm = LLM(model=str(model_dir), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                       enforce_eager=True, seed=seed)
+
+    def encode(self, prompt: str) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, self.chat_template)
+
+    def generate(
+        self, prompts: list[str], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
+        greedy: bool = False,
+    ) -> list[list[Rollout]]:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
+                                top_p=1.0, top_k=-1, logprobs=0)
+        encoded = [self.encode(p) for p in prompts]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False)
+        eos = self.tokenizer.eos_token_id
+        groups = []
+        for ids, out in zip(encoded, outputs):
+            group = []
+            for c in out.outputs:
+                response = list(c.token_ids)
+                logprobs = [lp[t].logprob for t, lp in zip(response, c.logprobs)]
+                group.append(Rollout(prompt_ids=ids, response_ids=response, logprobs=logprobs,
+                                     text=self.tokenizer.decode(response, skip_special_tokens=True),
+                                     finished=c.finish_reason == "stop" and eos in response))
+            groups.append(group)
+        return groups
+
+    def load_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
+        """Newer weights into the running engine, in place (``reload_weights`` on its workers)."""
+        with tempfile.TemporaryDirectory(prefix="rftflow-weights-") as out:
+            save_file(_unshared(weights), str(Path(out) / "model.safetensors"))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": out})
+
+
+def _unshared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU copies (safetensors refuses tensors that share memory, as tied embeddings do)."""
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}
+
+
+def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, model_dir: str | None,
+                chat_template: bool = False, seed: int = 0):
+    """The rollout engine ``explorer.engine`` names (``explorer``: an ``ExplorerConfig``): ``hf`` over
+    ``model`` (the explorer's copy), ``openai`` at ``explorer.base_url``, ``vllm`` over ``model_dir``."""
+    if explorer.engine == "openai":
+        return OpenAIRolloutEngine(explorer.base_url, explorer.served_model, tokenizer,
+                                   batch_size=explorer.batch_size, chat_template=chat_template)
+    if explorer.engine == "vllm":
+        return VLLMRolloutEngine(model_dir, tokenizer, chat_template=chat_template, seed=seed)
+    return HFRolloutEngine(model, tokenizer, batch_size=explorer.batch_size, chat_template=chat_template)

@@ -103,32 +103,11 @@ def check_trial(run_dir: Path, reference: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """The environment of every run: one real Prefect server, a model cache, two torch threads."""
-    home = tmp_path_factory.mktemp("prefect")
-    tasks = home / "compare.jsonl"
+def env(cli_env, tmp_path_factory):
+    """``cli_env`` (one real Prefect server) and the task file of these campaigns."""
+    tasks = tmp_path_factory.mktemp("tasks") / "compare.jsonl"
     tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
-    # the kills follow Prefect's "Task run … Finished" INFO lines: pinned on (an in-process CLI test
-    # may have set the console level to WARNING in this process's environment)
-    base = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO",
-            "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1", "TASKS": str(tasks)}
-    port = 4200 + random.Random().randrange(1000, 5000)
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                               str(port), "--no-services"], env=base, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/api"
-    import urllib.request
-
-    for _ in range(240):
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.5)
-    yield {**base, "PREFECT_API_URL": url}
-    server.terminate()
-    server.wait(timeout=30)
+    return {**cli_env, "TASKS": str(tasks)}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,97 @@
+"""``mode: bench``: evaluate several models on one or more held-out tasksets, one MLflow run.
+
+Models (``bench.models``) are checkpoint versions of the campaign in the run's store
+(``checkpoint:12`` is ``checkpoints/v000012``, weight version 12; ``checkpoint:latest``), Hugging Face model directories, ``builtin:<name>``, or
+registered MLflow versions (``models:/name/3``, ``models:/name@champion``). Tasksets
+(``bench.tasksets``) are taskset sources, each held out the way the campaign holds out its own
+(``taskset.eval_size`` distinct tasks, ``seed``); none given: the campaign's held-out split. Each
+(model, taskset) pair is scored by greedy accuracy with the campaign's reward, as ``evaluate`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from components.buffer.layout import CampaignStore, open_run_store
+from components.data.tasksets import Task, load_tasks
+from components.explore import explorer
+from components.explore.engines import HFRolloutEngine
+from components.explore.models import load_model, resolve_model_path
+from components.explore.rewards import make_reward_fn
+from components.preflight import Preflight
+from components.tracking import Tracker
+
+
+class BenchModelError(ValueError):
+    """A ``bench.models`` entry that names no model; the message is one line naming it."""
+
+
+def resolve_bench_model(ref: str, store: CampaignStore, tracking_uri: str, into: Path) -> str:
+    """A local model directory for ``ref`` (see the module docstring); ``ValueError`` naming it."""
+    if ref.startswith("checkpoint:"):
+        versions = [m["version"] for m in store.checkpoints()]
+        wanted = ref.split(":", 1)[1]
+        version = versions[-1] if wanted == "latest" and versions else int(wanted) if wanted.isdigit() else None
+        if version not in versions:
+            raise BenchModelError(f"bench.models {ref!r}: no such checkpoint in {store.url}/{store.campaign}; "
+                             f"committed: {', '.join(f'checkpoint:{v}' for v in versions) or 'none'}")
+        store.read_checkpoint(version, into)
+        return str(into)
+    if ref.startswith("models:/"):
+        import mlflow
+
+        mlflow.set_registry_uri(tracking_uri)
+        try:
+            return mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(into), tracking_uri=tracking_uri)
+        except Exception as e:  # noqa: BLE001 — MLflow's errors (no such model or version) in one line
+            raise BenchModelError(f"bench.models {ref!r}: {str(e).splitlines()[0]}") from None
+    try:
+        return resolve_model_path(ref)
+    except (ValueError, OSError) as e:
+        raise BenchModelError(f"bench.models {ref!r}: {str(e).splitlines()[0]}") from None
+
+
+def held_out(checked: Preflight, source: str | None) -> list[Task]:
+    """The held-out split of ``source`` (None: the campaign's taskset)."""
+    cfg = checked.cfg
+    taskset = cfg.taskset if source is None else cfg.taskset.model_copy(update={"source": source})
+    return load_tasks(taskset, cfg.seed, cfg.contracts).held_out
+
+
+def bench(checked: Preflight) -> dict[str, Any]:
+    """Evaluate every model on every taskset; one MLflow run (``<name>-bench``) with the metric
+    ``bench/accuracy/<taskset>`` at step = the model's index and the table ``bench.json``. Returns
+    the summary (also ``<run dir>/bench.json``)."""
+    cfg, out = checked.cfg, checked.run_dir
+    store = CampaignStore(open_run_store(cfg.storage, out), cfg.name)
+    sources = cfg.bench.tasksets or [cfg.taskset.source]
+    tasksets = {source: held_out(checked, source) for source in sources}
+    rewards = {source: make_reward_fn(cfg.reward.function, source) for source in sources}
+    tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, f"{cfg.name}-bench",
+                      artifact_root=out / "mlartifacts", tags={"campaign": cfg.name, "rftflow.mode": "bench"})
+    tracker.log_params({"bench": cfg.bench.model_dump(), "seed": cfg.seed, "taskset.eval_size": cfg.taskset.eval_size})
+    rows = []
+    for index, ref in enumerate(cfg.bench.models):
+        with tempfile.TemporaryDirectory() as into:
+            model, tokenizer = load_model(resolve_bench_model(ref, store, checked.tracking_uri, Path(into)))
+        engine = HFRolloutEngine(model, tokenizer, batch_size=cfg.explorer.batch_size,
+                                 chat_template=cfg.model.chat_template)
+        for source, tasks in tasksets.items():
+            accuracy = explorer.evaluate(engine, tasks, rewards[source], cfg.eval.max_new_tokens)["eval/accuracy"]
+            rows.append({"model": ref, "taskset": source, "tasks": len(tasks), "accuracy": accuracy})
+            tracker.log_metrics({f"bench/accuracy/{_metric_name(source)}": accuracy}, step=index)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(rows, indent=2) + "\n")
+    tracker.client.log_table(tracker.run_id, {k: [r[k] for r in rows] for k in rows[0]}, "bench.json")
+    tracker.finish()
+    return {"campaign": cfg.name, "mode": "bench", "results": rows, "mlflow_tracking_uri": tracker.uri,
+            "mlflow_run_id": tracker.run_id, "run_dir": str(out)}
+
+
+def _metric_name(source: str) -> str:
+    """A taskset source as an MLflow metric name part (``reasoning_gym:chain_sum`` → ``chain_sum``)."""
+    name = source.split(":", 1)[1] if source.startswith("reasoning_gym:") else Path(source).stem
+    return "".join(c if c.isalnum() or c in "_-." else "_" for c in name)
