@@ -308,6 +308,15 @@ class StorageConfig(_Section):
         return url
 
 
+class PromotionConfig(_Section):
+    margin: float = Field(0.02, ge=0, description="`rftflow promote`: the least held-out accuracy gain over the "
+                          "champion that can move the `champion` alias.")
+    alpha: float = Field(0.05, gt=0, lt=1, description="`rftflow promote`: significance level of the one-sided exact "
+                         "McNemar test on paired per-task results.")
+    min_accuracy: float = Field(0.5, ge=0, le=1, description="`rftflow promote`: with no champion yet, the least "
+                                "accuracy for the first version to become champion.")
+
+
 class TrackingConfig(_Section):
     uri: str | None = Field(None, description="MLflow tracking URI; default `sqlite:///<run dir>/mlflow.db`.")
     experiment: str = Field("rftflow", description="MLflow experiment name.")
@@ -345,6 +354,7 @@ class CampaignConfig(_Section):
     pipelines: PipelinesConfig = Field(default_factory=PipelinesConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    promotion: PromotionConfig = Field(default_factory=PromotionConfig)
 
     @field_validator("rounds")
     @classmethod

@@ -68,6 +68,7 @@ class CampaignRun:
         self.on_warmup_step: Callable[[int, dict[str, float]], None] | None = None  # progress display hook
         self.last_reward: float | None = None
         self.started = time.perf_counter()
+        self.rounds_started: float | None = None  # when this attempt's first round stage began
         self.resumed_from: int | None = None
         self._lock = threading.RLock()  # async mode: two lanes record their stages at once
         self.round_stages = {"explore": ROUND[:3], "train": ROUND[3:]}.get(cfg.mode, ROUND)  # this process's
@@ -110,6 +111,8 @@ class CampaignRun:
     # stages: each timed, logged to MLflow at step = round, recorded in the state -------------
     def _tracked(self, name: str, round_no: int, work: Callable[[], dict[str, float]]) -> dict[str, float]:
         start = time.perf_counter()
+        if name in ROUND and self.rounds_started is None:
+            self.rounds_started = start
         metrics = {k: float(v) for k, v in work().items()}
         metrics[f"time/{name}_s"] = time.perf_counter() - start
         with self._lock:
@@ -259,6 +262,7 @@ class CampaignRun:
         summary = {
             "campaign": self.cfg.name, "eval_accuracy_before": before, "eval_accuracy_after": after,
             "rounds": self.cfg.rounds, "reward_mean_last_round": self.last_reward, "wall_seconds": self.wall_seconds(),
+            "rounds_wall_seconds": round(time.perf_counter() - self.rounds_started, 1) if self.rounds_started else None,
             "mlflow_tracking_uri": self.tracker.uri, "mlflow_run_id": self.tracker.run_id, "model_name": name,
             "model_version": self.state.model_version, "model_uri": f"models:/{name}/{self.state.model_version}",
             "store_url": self.campaign.store.url, "prefect_flow_run_id": self.flow_run_id or "",

@@ -96,6 +96,27 @@ def run(
 
 
 @app.command()
+def promote(
+    config: Annotated[Optional[Path], typer.Argument(help="The campaign's YAML (default: configs/arith-mix.yaml).")] = None,
+    version: Annotated[Optional[str], typer.Option("--version", help="The challenger (default: the newest version).")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="The campaign's run dir (default: ./runs/<name>).")] = None,
+    overrides: Annotated[list[str], typer.Option("--set", help="Override a key: --set promotion.margin=0.05")] = [],  # noqa: B006
+) -> None:
+    """Move the registered model's `champion` alias to a challenger only if it is clearly better on
+    the campaign's held-out tasks; print the decision in one line (exit 0 either way)."""
+    checked = _preflight(config, run_dir, overrides, False)
+    from flows.prefect_api import embedded_prefect_api
+    from flows.promote import promote_model
+
+    with embedded_prefect_api():
+        state = promote_model(str(config or DEFAULT_CONFIG), str(checked.run_dir), overrides=list(overrides),
+                              version=version, return_state=True)
+    if not state.is_completed():
+        _fail(state.message.removeprefix("Flow run encountered an exception: "), 1)
+    Console().print(state.result()["line"], highlight=False, soft_wrap=True)
+
+
+@app.command()
 def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL (file:///…, s3://bucket/prefix).")],
            campaign: Annotated[Optional[str], typer.Option("--campaign", help="Campaign name (default: the only one).")] = None,
            ) -> None:
@@ -104,6 +125,8 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
 
     opened = _open_buffer(store, campaign)
     state = StateStore(opened.objects, opened.campaign).read()
+    explorer = StateStore(opened.objects, opened.campaign, "explorer").read()  # a two-process campaign's explorer
+    state = state or explorer
     if state is None:
         _fail(f"{opened.url}: campaign {opened.campaign!r} has stored data but never ran (no state)")
     rounds = state.config.get("rounds")
@@ -124,6 +147,12 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
         ("updated", state.updated_at),
         ("last error", state.error or "none"),
     ]
+    if explorer is not None and explorer is not state:
+        rows.append(("explorer process", f"{explorer.status}, {explorer.rounds_done} of {rounds} rounds explored"
+                     + (f"; last error: {explorer.error}" if explorer.error else "")))
+    published = opened.published_weights()
+    if published:
+        rows.append(("published weights", f"v{published[-1]} (newest of {len(published)} kept)"))
     for key, value in rows:
         table.add_row(key, value)
     Console().print(table)

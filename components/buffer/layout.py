@@ -240,9 +240,11 @@ class CampaignStore:
         return manifest
 
     def delete_checkpoint(self, version: int) -> None:
-        """Uncommit (manifest first), then delete checkpoint ``version``."""
-        prefix = self.checkpoint_prefix(version)
-        self.objects.delete(f"{prefix}/{CHECKPOINT_MANIFEST}")
+        self._delete_committed(self.checkpoint_prefix(version), CHECKPOINT_MANIFEST)
+
+    def _delete_committed(self, prefix: str, manifest: str) -> None:
+        """Uncommit (the manifest first, so no reader trusts what is left), then delete ``prefix``."""
+        self.objects.delete(f"{prefix}/{manifest}")
         for key in self.objects.list(prefix + "/"):
             self.objects.delete(key)
 
@@ -276,11 +278,7 @@ class CampaignStore:
         return data
 
     def delete_weights(self, version: int) -> None:
-        """Uncommit (manifest first), then delete published version ``version``."""
-        prefix = self.weights_prefix(version)
-        self.objects.delete(f"{prefix}/{WEIGHTS_MANIFEST}")
-        for key in self.objects.list(prefix + "/"):
-            self.objects.delete(key)
+        self._delete_committed(self.weights_prefix(version), WEIGHTS_MANIFEST)
 
     # state -----------------------------------------------------------------------------------
     def read_state(self, name: str, default: Any = None) -> Any:

@@ -31,7 +31,7 @@ KEEP_GENERATIONS = 20
 # run dir does not make it another campaign.
 OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_seconds", "checkpoint.keep_last",
                     "checkpoint.keep_best", "sync.timeout_seconds", "explorer.base_url", "bench.models", "threads",
-                    "bench.tasksets")
+                    "bench.tasksets", "promotion.margin", "promotion.alpha", "promotion.min_accuracy")
 
 
 class StateConflict(RuntimeError):

@@ -63,8 +63,13 @@ def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, re
     return table.set_column(table.schema.get_field_index("rewards"), "rewards", per_fn)
 
 
+def greedy_scores(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int) -> list[float]:
+    """The reward of each task's greedy response, in task order."""
+    groups = engine.generate([t.prompt for t in tasks], n=1, max_new_tokens=max_new_tokens, greedy=True)
+    return [reward_fn(g[0].text, t) for g, t in zip(groups, tasks)]
+
+
 def evaluate(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int) -> dict[str, float]:
     """Greedy decoding on held-out tasks: accuracy = share of responses with reward 1, and mean reward."""
-    groups = engine.generate([t.prompt for t in tasks], n=1, max_new_tokens=max_new_tokens, greedy=True)
-    scores = [reward_fn(g[0].text, t) for g, t in zip(groups, tasks)]
+    scores = greedy_scores(engine, tasks, reward_fn, max_new_tokens)
     return {"eval/accuracy": sum(s >= 1.0 for s in scores) / len(scores), "eval/reward_mean": sum(scores) / len(scores)}

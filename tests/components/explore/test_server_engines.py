@@ -1,0 +1,89 @@
+"""The ``openai`` engine against a real vLLM server (its CPU build, in its own virtualenv, started
+here on 127.0.0.1 with ``builtin:tiny``): token ids and behaviour log-probs that agree with the
+trainer's recomputation, and weights reloaded in place after a sync. The in-process ``vllm``
+engine needs a GPU. Build the server's virtualenv with ``infra/vllm_cpu_env.sh`` (CI does, see
+the README); without it these tests are skipped, saying so."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from infra.vllm_server import VLLM_VENV, vllm_available, vllm_server
+
+# behaviour log-probs from the server vs the trainer's recomputation (float32 on both sides; vLLM's
+# CPU kernels sum in another order than torch's)
+LOGPROB_TOLERANCE = 1e-3
+
+needs_server = pytest.mark.skipif(not vllm_available(),
+                                  reason=f"no vLLM CPU virtualenv at {VLLM_VENV}: build it with infra/vllm_cpu_env.sh")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """``vllm serve`` of builtin:tiny on 127.0.0.1 (dev mode: it reloads weights on request)."""
+    from components.explore.models import resolve_model_path
+
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    with vllm_server(resolve_model_path("builtin:tiny"), served_model="tiny", log=log) as url:
+        yield url
+
+
+def _recomputed(model, rollouts, temperature: float) -> list[list[float]]:
+    """log softmax(logits / T)[token] of each response token, as the trainer computes it."""
+    out = []
+    with torch.no_grad():
+        for r in rollouts:
+            ids = torch.tensor([r.prompt_ids + r.response_ids])
+            logits = model(ids).logits[0, len(r.prompt_ids) - 1:-1].float() / temperature
+            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.response_ids)[:, None])[:, 0].tolist())
+    return out
+
+
+@needs_server
+def test_openai_engine_logprobs_agree_with_the_trainer_and_weights_reload_in_place(server, tiny):
+    from components.explore.engines import OpenAIRolloutEngine
+
+    url = server
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]  # its weights change below
+    engine = OpenAIRolloutEngine(url, "tiny", tokenizer)
+    prompts = [f"{a} + {b} =" for a, b in ((1, 2), (34, 5), (7, 80))]
+    groups = engine.generate(prompts, n=4, max_new_tokens=6, temperature=1.0)
+    assert [len(g) for g in groups] == [4, 4, 4]
+    rollouts = [r for g in groups for r in g]
+    for r in rollouts:
+        assert r.prompt_ids == engine.encode(prompts[rollouts.index(r) // 4])
+        assert len(r.response_ids) == len(r.logprobs) > 0 and r.text == tokenizer.decode(r.response_ids, skip_special_tokens=True)
+    worst = max(abs(a - b) for r, theirs in zip(rollouts, _recomputed(model, rollouts, 1.0))
+                for a, b in zip(r.logprobs, theirs))
+    assert worst < LOGPROB_TOLERANCE, worst
+
+    # a sync: the server reloads new weights in place, and its log-probs follow them
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        trained["model.norm.weight"] *= 3.0
+    engine.load_state_dict(trained)
+    after = engine.generate(prompts, n=2, max_new_tokens=6, temperature=1.0)
+    before = _recomputed(model, [r for g in after for r in g], 1.0)
+    model.load_state_dict(trained)
+    rollouts = [r for g in after for r in g]
+    ours = _recomputed(model, rollouts, 1.0)
+    worst = max(abs(a - b) for r, theirs in zip(rollouts, ours) for a, b in zip(r.logprobs, theirs))
+    assert worst < LOGPROB_TOLERANCE, worst
+    assert max(abs(a - b) for x, y in zip(before, ours) for a, b in zip(x, y)) > 10 * LOGPROB_TOLERANCE  # they moved
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the in-process vLLM engine needs a GPU (none here)")
+def test_vllm_engine_logprobs_agree_with_the_trainer(tiny):
+    pytest.importorskip("vllm", reason="the `vllm` extra is not installed")
+    from components.explore.engines import VLLMRolloutEngine
+    from components.explore.models import resolve_model_path
+
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    engine = VLLMRolloutEngine(resolve_model_path("builtin:tiny"), tokenizer, dtype="float32")
+    rollouts = [r for g in engine.generate(["1 + 2 =", "34 + 5 ="], n=4, max_new_tokens=6) for r in g]
+    worst = max(abs(a - b) for r, theirs in zip(rollouts, _recomputed(model, rollouts, 1.0))
+                for a, b in zip(r.logprobs, theirs))
+    assert worst < LOGPROB_TOLERANCE, worst
