@@ -54,6 +54,13 @@ def resolve_bench_model(ref: str, store: CampaignStore, tracking_uri: str, into:
         raise BenchModelError(f"bench.models {ref!r}: {str(e).splitlines()[0]}") from None
 
 
+def eval_engine(ref: str, store: CampaignStore | None, tracking_uri: str, cfg) -> HFRolloutEngine:
+    """An ``hf`` engine over model ``ref`` (see ``resolve_bench_model``), for greedy evaluation."""
+    with tempfile.TemporaryDirectory() as into:
+        model, tokenizer = load_model(resolve_bench_model(ref, store, tracking_uri, Path(into)))
+    return HFRolloutEngine(model, tokenizer, batch_size=cfg.explorer.batch_size, chat_template=cfg.model.chat_template)
+
+
 def held_out(checked: Preflight, source: str | None) -> list[Task]:
     """The held-out split of ``source`` (None: the campaign's taskset)."""
     cfg = checked.cfg
@@ -75,10 +82,7 @@ def bench(checked: Preflight) -> dict[str, Any]:
     tracker.log_params({"bench": cfg.bench.model_dump(), "seed": cfg.seed, "taskset.eval_size": cfg.taskset.eval_size})
     rows = []
     for index, ref in enumerate(cfg.bench.models):
-        with tempfile.TemporaryDirectory() as into:
-            model, tokenizer = load_model(resolve_bench_model(ref, store, checked.tracking_uri, Path(into)))
-        engine = HFRolloutEngine(model, tokenizer, batch_size=cfg.explorer.batch_size,
-                                 chat_template=cfg.model.chat_template)
+        engine = eval_engine(ref, store, checked.tracking_uri, cfg)
         for source, tasks in tasksets.items():
             accuracy = explorer.evaluate(engine, tasks, rewards[source], cfg.eval.max_new_tokens)["eval/accuracy"]
             rows.append({"model": ref, "taskset": source, "tasks": len(tasks), "accuracy": accuracy})

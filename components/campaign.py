@@ -33,7 +33,7 @@ from components.data.report import ValidationEntry
 from components.data.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
 from components.explore import explorer
 from components.explore.engines import make_engine
-from components.explore.models import load_model, resolve_model_path
+from components.explore.models import load_model
 from components.explore.rewards import make_reward_fn
 from components.explore.sync import MemoryWeightSync, StoreWeightSync
 from components.preflight import Preflight, preflight
@@ -74,9 +74,7 @@ class Campaign:
         # the explorer's own copy; a trainer alone evaluates with its policy itself (hf)
         explorer_model = copy.deepcopy(policy) if self.has_trainer and self.has_explorer else policy
         engine = cfg.explorer if self.has_explorer else cfg.explorer.model_copy(update={"engine": "hf"})
-        self.engine = make_engine(engine, explorer_model, self.tokenizer, chat_template=cfg.model.chat_template,
-                                  model_dir=resolve_model_path(cfg.model.path, allow_download=cfg.model.allow_download),
-                                  seed=cfg.seed)
+        self.engine = make_engine(engine, explorer_model, self.tokenizer, cfg.model, seed=cfg.seed)
         self.trainer: Trainer | None = None
         self.sampler: Sampler | None = None
         if self.has_trainer:
@@ -92,7 +90,7 @@ class Campaign:
                         else StoreWeightSync(self.store, source, target))
         self.policy_version = 0  # the trainer's: +1 after the warm start, +1 per trained round
         self.validation_log: list[ValidationEntry] = []
-        self.stop_requested = False  # set to end waits for another process early
+        self.stop_requested: str | None = None  # a signal's name: stop after the current stage, end waits
 
     # setup -----------------------------------------------------------------------------------
     def prepare(self) -> dict[str, float]:
@@ -186,11 +184,8 @@ class Campaign:
         """
         ex = self.cfg.explorer
         if not self.has_trainer:  # an explorer alone: weights come from the store
-            self.weights.wait_for(self.needed_version(round_no), timeout=self.cfg.sync.timeout_seconds,
-                                  stop=lambda: self.stop_requested)
-            if self.stop_requested:
-                raise StopRequested(f"round {round_no}: stopped while waiting for weights of version "
-                                    f">= {self.needed_version(round_no)}")
+            needed = self.needed_version(round_no)
+            self._wait(lambda: self.weights.pull() >= needed, f"weights of version >= {needed} (the trainer's)")
         torch.manual_seed(self.cfg.seed * 1_000_003 + round_no)
         tables, batches = [], 0
         rates = self.pass_rates() if ex.task_selector == "curriculum" else None
@@ -220,7 +215,7 @@ class Campaign:
         scored = explorer.score(self.store.read_staging(round_no, "rollouts"), self.tasks_by_id, self.reward_fn,
                                 self.cfg.reward.function)
         contracts = self.cfg.contracts
-        bounds = ContractBounds.of(contracts, max_model_version=max(self.weights.version, self.policy_version),
+        bounds = ContractBounds.of(contracts, max_model_version=self.weights.version,
                                    group_size=self.cfg.explorer.repeat_times)
         verdict = check_experiences(scored, bounds)
         self._record("experience contract", round_no, scored.num_rows, verdict.quarantined)
@@ -288,12 +283,16 @@ class Campaign:
                                    "is the other process (`rftflow run --mode explore|train`) running?")
             time.sleep(0.5)
 
+    def eval_due(self, round_no: int) -> bool:
+        return round_no % self.cfg.eval.every == 0 or round_no == self.cfg.rounds
+
+    def checkpoint_due(self, round_no: int) -> bool:
+        return round_no % self.cfg.checkpoint.every == 0 or round_no == self.cfg.rounds
+
     def sync_due(self, round_no: int) -> bool:
         """Weights move every ``sync.interval`` rounds, after the last, and before each evaluation and
         checkpoint (so both see the trainer's policy)."""
-        cfg = self.cfg
-        return (round_no % cfg.sync.interval == 0 or round_no == cfg.rounds or round_no % cfg.eval.every == 0
-                or round_no % cfg.checkpoint.every == 0)
+        return round_no % self.cfg.sync.interval == 0 or self.eval_due(round_no) or self.checkpoint_due(round_no)
 
     def sync(self, round_no: int) -> dict[str, float]:
         """Publish the trainer's weights to the explorer when due (``sync_due``); the explorer's version."""

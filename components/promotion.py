@@ -12,14 +12,10 @@ champion. Every decision is recorded as tags on both versions (scores, p-value, 
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from components.bench import BenchModelError, held_out, resolve_bench_model
+from components.bench import BenchModelError, eval_engine, held_out
 from components.explore import explorer
-from components.explore.engines import HFRolloutEngine
-from components.explore.models import load_model
 from components.explore.rewards import make_reward_fn
 from components.preflight import Preflight
 
@@ -100,12 +96,9 @@ def promote(checked: Preflight, version: str | None = None) -> Decision:
         champion = None
     tasks = held_out(checked, None)
     reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
-    store = None  # models:/ references never read the campaign's store
 
-    def solved(v: str) -> list[bool]:
-        with tempfile.TemporaryDirectory() as into:
-            model, tokenizer = load_model(resolve_bench_model(f"models:/{name}/{v}", store, uri, Path(into)))
-        engine = HFRolloutEngine(model, tokenizer, chat_template=cfg.model.chat_template)
+    def solved(v: str) -> list[bool]:  # (a models:/ reference never reads the campaign's store)
+        engine = eval_engine(f"models:/{name}/{v}", None, uri, cfg)
         return [s >= 1.0 for s in explorer.greedy_scores(engine, tasks, reward_fn, cfg.eval.max_new_tokens)]
 
     if champion == challenger:

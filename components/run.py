@@ -64,7 +64,6 @@ class CampaignRun:
         self.state.attempts.append(Attempt(flow_run_id, os.getpid(), socket.gethostname(), now()))
         self.states.write(self.state)
         self.flow_run_id = flow_run_id
-        self.stop_requested: str | None = None  # set (to the signal's name) to stop after the current stage
         self.on_warmup_step: Callable[[int, dict[str, float]], None] | None = None  # progress display hook
         self.last_reward: float | None = None
         self.started = time.perf_counter()
@@ -102,11 +101,14 @@ class CampaignRun:
         """The newest held-out accuracy measured."""
         return self.state.evals[max(self.state.evals, key=int)] if self.state.evals else None
 
-    def eval_due(self, round_no: int) -> bool:
-        return round_no % self.cfg.eval.every == 0 or round_no == self.cfg.rounds
+    @property
+    def stop_requested(self) -> str | None:
+        """The signal that asked this attempt to stop (after its current stage), if any."""
+        return self.campaign.stop_requested
 
-    def checkpoint_due(self, round_no: int) -> bool:
-        return round_no % self.cfg.checkpoint.every == 0 or round_no == self.cfg.rounds
+    @stop_requested.setter
+    def stop_requested(self, signal_name: str | None) -> None:
+        self.campaign.stop_requested = signal_name  # also ends a wait for the other process
 
     # stages: each timed, logged to MLflow at step = round, recorded in the state -------------
     def _tracked(self, name: str, round_no: int, work: Callable[[], dict[str, float]]) -> dict[str, float]:
@@ -161,9 +163,9 @@ class CampaignRun:
             else:
                 yield from (one(stage, r) for stage in self.round_stages[:-1])
             yield one("sync", r)
-            if self.eval_due(r):
+            if self.campaign.eval_due(r):
                 yield one("evaluate", r)
-            if self.checkpoint_due(r):
+            if self.campaign.checkpoint_due(r):
                 yield one("checkpoint", r)
         yield one("register", self.cfg.rounds)
 

@@ -6,6 +6,7 @@ Uses ``MlflowClient`` with an explicit tracking URI (no global state); the defau
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -81,16 +82,21 @@ class Tracker:
             self.client.log_batch(self.run_id, metrics=new)
             self.logged |= {(m.key, step) for m in new}
 
+    @functools.cached_property
+    def artifact_uri(self) -> str:
+        """Where the run's artifacts live (fixed when the run is made)."""
+        return self.client.get_run(self.run_id).info.artifact_uri
+
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> str:
         """Upload a directory; returns its artifact URI."""
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
-        return f"{self.client.get_run(self.run_id).info.artifact_uri}/{artifact_path}"
+        return f"{self.artifact_uri}/{artifact_path}"
 
     def delete_artifacts(self, artifact_path: str) -> None:
         """Delete a directory of the run's artifacts (an old checkpoint)."""
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-        get_artifact_repository(self.client.get_run(self.run_id).info.artifact_uri).delete_artifacts(artifact_path)
+        get_artifact_repository(self.artifact_uri).delete_artifacts(artifact_path)
 
     def register(self, name: str, source: str, tags: Mapping[str, str]) -> str:
         """Register ``source`` as a new version of model ``name``; returns the version. Once per

@@ -77,7 +77,6 @@ def stop_on_signals(run: CampaignRun) -> Iterator[None]:
         if run.stop_requested:
             raise KeyboardInterrupt
         run.stop_requested = signal.Signals(signum).name
-        run.campaign.stop_requested = True  # ends a wait for the other process of a two-process campaign
 
     try:
         previous = {s: signal.signal(s, request) for s in (signal.SIGINT, signal.SIGTERM)}

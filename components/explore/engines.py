@@ -180,7 +180,7 @@ class OpenAIRolloutEngine:
         """The server reloads its weights, in place: they are written as safetensors to a directory
         it reads (``/collective_rpc`` ``reload_weights``; the server runs with ``VLLM_SERVER_DEV_MODE=1``)."""
         with tempfile.TemporaryDirectory(prefix="rftflow-weights-") as out:
-            save_file(_unshared(weights), str(Path(out) / "model.safetensors"))
+            save_file(cpu_copies(weights), str(Path(out) / "model.safetensors"))
             self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": out}})
 
 
@@ -226,22 +226,26 @@ class VLLMRolloutEngine:
     def load_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
         """Newer weights into the running engine, in place (``reload_weights`` on its workers)."""
         with tempfile.TemporaryDirectory(prefix="rftflow-weights-") as out:
-            save_file(_unshared(weights), str(Path(out) / "model.safetensors"))
+            save_file(cpu_copies(weights), str(Path(out) / "model.safetensors"))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": out})
 
 
-def _unshared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def cpu_copies(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous CPU copies (safetensors refuses tensors that share memory, as tied embeddings do)."""
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}
 
 
-def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, model_dir: str | None,
-                chat_template: bool = False, seed: int = 0):
-    """The rollout engine ``explorer.engine`` names (``explorer``: an ``ExplorerConfig``): ``hf`` over
-    ``model`` (the explorer's copy), ``openai`` at ``explorer.base_url``, ``vllm`` over ``model_dir``."""
+def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_config, seed: int = 0):
+    """The rollout engine ``explorer.engine`` names (``explorer``: an ``ExplorerConfig``,
+    ``model_config``: a ``ModelConfig``): ``hf`` over ``model`` (the explorer's copy), ``openai`` at
+    ``explorer.base_url``, ``vllm`` over the model directory."""
+    chat_template = model_config.chat_template
     if explorer.engine == "openai":
         return OpenAIRolloutEngine(explorer.base_url, explorer.served_model, tokenizer,
                                    batch_size=explorer.batch_size, chat_template=chat_template)
     if explorer.engine == "vllm":
+        from components.explore.models import resolve_model_path
+
+        model_dir = resolve_model_path(model_config.path, allow_download=model_config.allow_download)
         return VLLMRolloutEngine(model_dir, tokenizer, chat_template=chat_template, seed=seed)
     return HFRolloutEngine(model, tokenizer, batch_size=explorer.batch_size, chat_template=chat_template)

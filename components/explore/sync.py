@@ -14,21 +14,19 @@ the trainer's version minus a row's — is measurable and bounded (``algorithm.m
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from components.buffer.layout import CampaignStore
+from components.explore.engines import cpu_copies
 
 KEEP_PUBLISHED = 3  # published versions kept in the store (a reader may still be loading the one before)
 
 
 class MemoryWeightSync:
-    """Copies ``source`` (the trainer's policy) into ``target`` (the explorer's) in memory."""
+    """Copies ``source`` (the trainer's policy) into ``target`` (the explorer's engine) in memory."""
 
     method = "memory"
 
@@ -48,7 +46,7 @@ class MemoryWeightSync:
 
 class StoreWeightSync:
     """Weights through the store: the trainer side (``source``) publishes, the explorer side
-    (``target``) pulls; a process that is both (one process, ``sync.method=checkpoint``) has both."""
+    (``target``, its engine) pulls; a process that is both (one process, ``sync.method=checkpoint``) has both."""
 
     method = "checkpoint"
 
@@ -61,10 +59,11 @@ class StoreWeightSync:
         """Commit the trainer's weights as ``version`` (a no-op if that version is committed: a
         resumed trainer publishes again what it published before), drop old versions; then the
         explorer side, if any, loads them."""
-        if version not in self.store.published_weights():
-            state = {k: v.detach().to("cpu").contiguous().clone() for k, v in self.source.state_dict().items()}
-            self.store.write_weights(version, save_safetensors(state))  # clones: tied weights share storage
-        for old in self.store.published_weights()[:-KEEP_PUBLISHED]:
+        published = self.store.published_weights()
+        if version not in published:
+            self.store.write_weights(version, save_safetensors(cpu_copies(self.source.state_dict())))
+            published.append(version)
+        for old in published[:-KEEP_PUBLISHED]:
             self.store.delete_weights(old)
         if self.target is None:
             self.version = version
@@ -82,22 +81,4 @@ class StoreWeightSync:
         if newest is not None and newest > self.version:
             self.target.load_state_dict(load_safetensors(self.store.read_weights(newest)))
             self.version = newest
-        return self.version
-
-    def wait_for(self, version: int, *, timeout: float, poll: float = 1.0,
-                 waiting: Callable[[float], None] | None = None, stop: Callable[[], bool] = lambda: False) -> int:
-        """Pull until the explorer holds at least ``version``; ``TimeoutError`` after ``timeout`` s.
-        ``waiting(seconds)`` is called about every 30 s; ``stop()`` ends the wait early (returns)."""
-        start = last_note = time.monotonic()
-        while self.pull() < version:
-            if stop():
-                break
-            now = time.monotonic()
-            if now - start > timeout:
-                raise TimeoutError(f"no weights of version >= {version} published in {timeout:.0f} s "
-                                   f"(newest: {self.newest()}); is the trainer running?")
-            if waiting is not None and now - last_note >= 30:
-                waiting(now - start)
-                last_note = now
-            time.sleep(poll)
         return self.version
