@@ -17,14 +17,10 @@ def cli_env(tmp_path_factory):
     """The environment of ``rftflow`` subprocesses: one real ``prefect server start`` for all of
     them (so each run does not start a Prefect API of its own), two torch threads, INFO lines on
     the console (tests follow Prefect's "Task run … Finished" lines; an in-process CLI test may
-    have set the console level to WARNING in this process's environment), and MKL's conditional
-    numerical reproducibility on (``MKL_CBWR=AUTO,STRICT``): without it, one kill trial in a full
-    suite run computed the warm start ~1e-5 apart from the reference run, in a process that had not
-    yet been killed (MKL may take another kernel path, e.g. by memory alignment)."""
+    have set the console level to WARNING in this process's environment),."""
     home = tmp_path_factory.mktemp("prefect")
     base = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO", "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1",
-            "MKL_CBWR": "AUTO,STRICT"}
+            "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO", "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
     port = 4200 + random.Random().randrange(1000, 5000)
     server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
                                str(port), "--no-services"], env=base, stdout=subprocess.DEVNULL,
