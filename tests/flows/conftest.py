@@ -17,7 +17,7 @@ def cli_env(tmp_path_factory):
     """The environment of ``rftflow`` subprocesses: one real ``prefect server start`` for all of
     them (so each run does not start a Prefect API of its own), two torch threads, INFO lines on
     the console (tests follow Prefect's "Task run … Finished" lines; an in-process CLI test may
-    have set the console level to WARNING in this process's environment),."""
+    have set the console level to WARNING in this process's environment)."""
     home = tmp_path_factory.mktemp("prefect")
     base = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO", "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
