@@ -315,10 +315,13 @@ class PromotionConfig(_Section):
                          "McNemar test on paired per-task results.")
     min_accuracy: float = Field(0.5, ge=0, le=1, description="`rftflow promote`: with no champion yet, the least "
                                 "accuracy for the first version to become champion.")
+    after_campaign: bool = Field(True, description="Run the promotion on the campaign's registered version as its "
+                                 "last step (`promote[r=<rounds>]`); `rftflow promote` runs it on demand.")
 
 
 class TrackingConfig(_Section):
-    uri: str | None = Field(None, description="MLflow tracking URI; default `sqlite:///<run dir>/mlflow.db`.")
+    uri: str | None = Field(None, description="MLflow tracking URI (`sqlite:///…` or a server, `http://host:5000`); "
+                            "default: `MLFLOW_TRACKING_URI` if set, else `sqlite:///<run dir>/mlflow.db`.")
     experiment: str = Field("rftflow", description="MLflow experiment name.")
     registered_model: str = Field("rftflow-model", description="Registered model the final model is versioned under.")
 

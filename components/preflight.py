@@ -57,7 +57,9 @@ class Preflight:
 
     @property
     def tracking_uri(self) -> str:
-        return self.cfg.tracking.uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
+        """``tracking.uri``, else ``MLFLOW_TRACKING_URI`` (a team's MLflow server, set once for a
+        worker), else ``sqlite:///<run dir>/mlflow.db``."""
+        return self.cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.run_dir / 'mlflow.db'}"
 
     @property
     def store_url(self) -> str:
@@ -78,7 +80,7 @@ def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = N
     try:
         _check_run_dir(out)
         parse_store_url(run_store_url(cfg.storage, out))
-        _check_tracking_uri(cfg.tracking.uri)
+        _check_tracking_uri(cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI"))
         check_model_path(cfg.model.path, allow_download=cfg.model.allow_download)
         algorithm = cfg.algorithm.resolve()
         check_pipeline("tasks", cfg.pipelines.tasks)

@@ -44,7 +44,8 @@ class CampaignRun:
     """
 
     def __init__(self, checked: Preflight, *, flow_run_id: str | None = None):
-        self.cfg, self.run_dir = cfg, out = checked.cfg, checked.run_dir
+        self.checked, self.cfg, self.run_dir = checked, checked.cfg, checked.run_dir
+        cfg, out = self.cfg, self.run_dir
         self.campaign = Campaign(checked)  # opens the store (recording it in the run dir), loads the models
         self.states = StateStore(self.campaign.store.objects, cfg.name, state_role(cfg.mode))
         config = cfg.model_dump(mode="json")
@@ -69,6 +70,7 @@ class CampaignRun:
         self.started = time.perf_counter()
         self.rounds_started: float | None = None  # when this attempt's first round stage began
         self.resumed_from: int | None = None
+        self.promotion: str | None = None  # the promotion's decision, in one line
         self._lock = threading.RLock()  # async mode: two lanes record their stages at once
         self.round_stages = {"explore": ROUND[:3], "train": ROUND[3:]}.get(cfg.mode, ROUND)  # this process's
         if not self.campaign.has_trainer:  # an explorer alone redoes its newest committed round (idempotent)
@@ -168,6 +170,8 @@ class CampaignRun:
             if self.campaign.checkpoint_due(r):
                 yield one("checkpoint", r)
         yield one("register", self.cfg.rounds)
+        if self.cfg.promotion.after_campaign:
+            yield one("promote", self.cfg.rounds)
 
     def step(self, name: str, round_no: int) -> dict[str, Any]:
         """Do step ``name`` (see ``steps``) for round ``round_no``."""
@@ -179,10 +183,10 @@ class CampaignRun:
             return self._tracked(name, round_no, lambda: self.campaign.warm_start(self.on_warmup_step))
         if name == "await_taskset":
             return self._tracked(name, round_no, self.campaign.await_taskset)
-        if name in ("evaluate", "checkpoint", "register"):
+        if name in ("evaluate", "checkpoint", "register", "promote"):
             return getattr(self, name)(round_no)
         raise ValueError(f"unknown step {name!r}; known: prepare, warm_start, await_taskset, {', '.join(ROUND)}, "
-                         "evaluate, checkpoint, register")
+                         "evaluate, checkpoint, register, promote")
 
     def run(self) -> dict[str, Any]:
         """Every step left, then the summary (in plain Python; the flow runs them as tasks): the
@@ -248,6 +252,18 @@ class CampaignRun:
         self.states.write(self.state)
         return {"model_name": name, "model_version": version, "model_uri": f"models:/{name}/{version}"}
 
+    def promote(self, round_no: int) -> dict[str, float]:
+        """The registered version against the ``champion`` alias (``components.promotion``): the
+        alias moves on a clear, significant win; the decision's line goes into the summary."""
+        from components.promotion import promote
+
+        decision = promote(self.checked, self.state.model_version)
+        self.promotion = decision.line()
+        metrics = {"promotion/promoted": float(decision.promoted)}
+        if decision.p_value is not None:
+            metrics["promotion/p_value"] = decision.p_value
+        return self._tracked("promote", round_no, lambda: metrics)
+
     def validation_report(self, store_reachable: bool = True) -> tuple[Path, str]:
         """``<run dir>/validation/validation.md``, also logged to the MLflow run: (path, artifact URI).
         With the store down, the ingested files' reports (kept there) are left out."""
@@ -270,6 +286,7 @@ class CampaignRun:
             "store_url": self.campaign.store.url, "prefect_flow_run_id": self.flow_run_id or "",
             "run_dir": str(self.run_dir), "validation_report": str(report), "validation_report_mlflow": report_uri,
             "attempts": len(self.state.attempts), "resumed_from_round": self.resumed_from, "mode": self.cfg.mode,
+            "promotion": self.promotion,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if after is not None:

@@ -1,7 +1,8 @@
 """MLflow helpers: one run per campaign, metrics per round, the final model registered.
 
 Uses ``MlflowClient`` with an explicit tracking URI (no global state); the default store is
-``sqlite:///<run dir>/mlflow.db`` with artifacts under ``<run dir>/mlartifacts``.
+``sqlite:///<run dir>/mlflow.db`` with artifacts under ``<run dir>/mlartifacts``; a tracking server
+(``http://…``) keeps artifacts where it is configured to (``mlflow server --artifacts-destination``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class Tracker:
     """One MLflow run: params, step metrics, artifacts, registration.
 
     ``run_id`` reopens an existing run (a resumed campaign): it is set RUNNING again, and a metric
-    is never logged twice at one step (``logged`` holds the (key, step) pairs already there), so a
-    round redone after a crash leaves one value per key and round.
+    is never logged twice at one step (``history`` holds every value logged, {step: {key: value}},
+    read back on reopening), so a round redone after a crash leaves one value per key and round.
     """
 
     def __init__(self, uri: str, experiment: str, run_name: str, *, artifact_root: Path | None = None,
@@ -46,19 +47,21 @@ class Tracker:
 
         self.uri = uri
         self.client = MlflowClient(uri, registry_uri=uri)
-        self.logged: set[tuple[str, int]] = set()
+        self.history: dict[int, dict[str, float]] = {}
         if run_id is not None:
             self.run_id = run_id
             run = self.client.get_run(run_id)
             for key in run.data.metrics:
-                self.logged |= {(key, m.step) for m in self.client.get_metric_history(run_id, key)}
+                for m in self.client.get_metric_history(run_id, key):
+                    self.history.setdefault(m.step, {})[key] = m.value
             self.client.update_run(run_id, status="RUNNING")
             return
         found = self.client.get_experiment_by_name(experiment)
         if found is not None:
             experiment_id = found.experiment_id
         else:
-            location = (artifact_root / experiment).as_uri() if artifact_root else None
+            served = uri.startswith(("http://", "https://"))  # a tracking server keeps artifacts its own way
+            location = (artifact_root / experiment).as_uri() if artifact_root and not served else None
             experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
 
@@ -77,10 +80,11 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        new = [Metric(k, float(v), now, step) for k, v in metrics.items() if (k, step) not in self.logged]
+        logged = self.history.setdefault(step, {})
+        new = [Metric(k, float(v), now, step) for k, v in metrics.items() if k not in logged]
         if new:
             self.client.log_batch(self.run_id, metrics=new)
-            self.logged |= {(m.key, step) for m in new}
+            logged.update((m.key, m.value) for m in new)
 
     @functools.cached_property
     def artifact_uri(self) -> str:

@@ -10,7 +10,6 @@ same way. SIGINT/SIGTERM stop it after the current stage.
 from __future__ import annotations
 
 import json
-import re
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, runtime
-from prefect.artifacts import create_markdown_artifact
 from prefect.states import Cancelled, Completed, Failed, State
 
 from components.campaign import StopRequested
@@ -28,6 +26,7 @@ from components.buffer.store import StoreUnavailable
 from components.data.contracts import ContractError
 from components.preflight import Preflight, preflight
 from components.run import CampaignRun, move_aside
+from flows.monitor import UIMonitor
 from flows.progress import CampaignProgress
 from tasks.stages import TASKS, bench
 
@@ -130,11 +129,6 @@ def _mark_crashed(run: CampaignRun) -> None:
                     message=f"its process was killed; flow run {run.flow_run_id} resumed the campaign"), force=True)
 
 
-def _summary_markdown(summary: dict[str, Any]) -> str:
-    rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items())
-    return f"# Campaign `{summary['campaign']}`\n\n| key | value |\n| --- | --- |\n{rows}\n"
-
-
 @flow(name="rft_campaign", flow_run_name=_flow_run_name)
 def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overrides: list[str] | None = None,
                  restart: bool = False, show_progress: bool = False) -> dict[str, Any] | State:
@@ -166,40 +160,51 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
         move_aside(checked)
     run = CampaignRun(checked, flow_run_id=str(runtime.flow_run.id or "") or None)
     _mark_crashed(run)
+    monitor = UIMonitor(run)
     try:
         with stop_on_signals(run), CampaignProgress(run.cfg, enabled=show_progress) as progress:
             run.on_warmup_step = progress.warmup
             first, last = run.round_stages[0], run.round_stages[-1]
-            for phase in run.phases():
+            phases = list(run.phases())
+            # each round's last step (its evaluation or checkpoint, if due): the UI's table then has them
+            round_ends = {r: (n, r) for phase in phases for lane in phase for n, r in lane if r and n != "register"}
+            for phase in phases:
                 if len(phase) > 1:  # lanes at once (mode async): each a chain of task runs
                     _run_lanes(run, phase)
                     continue
                 for name, round_no in phase[0]:
                     if name == first and round_no == run.rounds_left.start:  # the first round of this attempt
                         progress.start_rounds(run.accuracy_before, done=round_no - 1)
+                        monitor.start(rounds_done=round_no - 1)
                     TASKS[name](run, round_no, return_state=True).result()  # raises what failed it
                     if name == last:
                         progress.round_done(round_no, run.last_reward, run.accuracy_last)
+                    if round_ends.get(round_no) == (name, round_no):
+                        monitor.round_done(round_no)
                     _stop_if_asked(run, round_no, name)
         summary = run.finish()
-        create_markdown_artifact(_summary_markdown(summary), key=re.sub(r"[^a-z0-9-]+", "-", f"{run.cfg.name.lower()}-summary"),
-                                 description="rftflow campaign summary")
+        monitor.summary(summary)
     except StopRequested as e:  # while waiting for the other process
         e = Interrupted(f"campaign {run.cfg.name} {e} ({run.stop_requested}); run the same command to resume")
         run.validation_report()
         run.end("interrupted", str(e))
+        monitor.summary(stopped=str(e))
         return Cancelled(message=str(e), data=e)
     except Interrupted as e:
         run.validation_report()
         run.end("interrupted", str(e))
+        monitor.summary(stopped=str(e))
         return Cancelled(message=str(e), data=e)
     except (ContractError, StoreUnavailable) as e:  # one line is the whole story
         reachable = not isinstance(e, StoreUnavailable)
         run.validation_report(store_reachable=reachable)
         run.end("failed", str(e), store_reachable=reachable)
+        monitor.summary(stopped=str(e))
         return Failed(message=str(e), data=e)
     except BaseException as e:
         run.validation_report()
-        run.end("failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        run.end("failed", line)
+        monitor.summary(stopped=line)
         raise
     return summary

@@ -92,6 +92,8 @@ def run(
     if summary.get("resumed_from_round") is not None:
         table.add_row("resumed_from_round", str(summary["resumed_from_round"]))
     Console().print(table)
+    if summary.get("promotion"):
+        Console().print(f"promotion: {summary['promotion']}", highlight=False, soft_wrap=True)
     Console().print(f"summary: {Path(summary['run_dir']) / 'summary.json'}")
 
 

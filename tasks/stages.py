@@ -1,5 +1,5 @@
 """The campaign's Prefect tasks: one per step of ``CampaignRun.phases`` (prepare, warm_start, the
-stages of ``components.campaign.ROUND``, evaluate, checkpoint, register), each one
+stages of ``components.campaign.ROUND``, evaluate, checkpoint, register, promote), each one
 ``CampaignRun.step`` call (timed, logged to MLflow at step = round, recorded in the campaign's
 state). Task runs are named by step and round (``explore[r=3]``) for the Prefect UI; ``TASKS``
 maps each step's name to its task.
@@ -64,6 +64,7 @@ TASKS = {
     "checkpoint": _step_task("checkpoint", "Weights, optimizer, RNG and buffer state to the store and MLflow."),
     "register": _step_task("register", "Log the final model and register it as a model version (once).",
                            **IDEMPOTENT),
+    "promote": _step_task("promote", "The registered version against @champion: the alias moves on a clear win."),
 }
 
 

@@ -45,10 +45,16 @@ def fingerprint(config: dict[str, Any]) -> str:
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key (old → new)`` for each key whose value differs, operational keys aside."""
+    """``key (old → new)`` for each key whose value differs, operational keys aside. A key the old
+    config lacks (added by a newer rftflow) that holds its default is no change: a campaign started
+    before an upgrade resumes after it."""
+    from components.config import CampaignConfig
+
     a, b = flatten(old), flatten(new)
+    defaults = flatten(CampaignConfig().model_dump(mode="json"))
     return [f"{k} ({a.get(k)!r} → {b.get(k)!r})" for k in sorted(set(a) | set(b))
-            if k not in OPERATIONAL_KEYS and a.get(k) != b.get(k)]
+            if k not in OPERATIONAL_KEYS and a.get(k) != b.get(k)
+            and not (k not in a and k in defaults and b.get(k) == defaults[k])]
 
 
 def now() -> str:

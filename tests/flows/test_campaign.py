@@ -48,6 +48,46 @@ def test_every_stage_task_run_completed_with_its_round_in_the_name(finished):
         for stage in ("explore", "verify", "buffer", "train", "sync", "evaluate"):
             assert states.get(f"{stage}[r={r}]") == "COMPLETED", (stage, r, states)
     assert states.get("evaluate[r=0]") == "COMPLETED"
+    assert states.get("register[r=2]") == states.get("promote[r=2]") == "COMPLETED"
+
+
+def test_the_registered_version_is_put_to_the_promotion_after_the_campaign(finished):
+    from mlflow import MlflowClient
+
+    _, _, summary = finished
+    name, version = summary["model_name"], summary["model_version"]
+    tags = MlflowClient(summary["mlflow_tracking_uri"]).get_model_version(name, version).tags
+    decision = tags["promotion.decision"]  # the first version: champion if it reaches promotion.min_accuracy
+    assert decision == ("promoted" if summary["eval_accuracy_after"] >= 0.5 else "rejected")
+    verdict = "promoted to @champion" if decision == "promoted" else "not promoted"
+    assert summary["promotion"].startswith(f"{name} v{version}: {verdict} (")
+
+
+def test_the_ui_shows_progress_a_round_table_and_a_summary_linking_mlflow(finished):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    _, _, summary = finished
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[summary["prefect_flow_run_id"]])))
+    by_key: dict[str, list] = {}
+    for artifact in found:
+        by_key.setdefault(artifact.key, []).append(artifact)
+    assert set(by_key) == {"e2e-progress", "e2e-rounds", "e2e-summary"}, sorted(by_key)
+    (progress,) = by_key["e2e-progress"]
+    assert progress.type == "progress" and float(progress.data) == 100.0  # updated after each round
+    tables = sorted(by_key["e2e-rounds"], key=lambda a: a.created)
+    assert len(tables) == 2  # a new version every round
+    rows = json.loads(tables[-1].data)
+    assert [r["round"] for r in rows] == [1, 2]
+    for row in rows:
+        assert 0 <= row["reward"] <= 1 and row["train s"] > 0 and row["accepted"] + row["quarantined"] == 16
+        assert 0 <= row["accuracy"] <= 1  # eval.every=1: each round's evaluation is in its row
+    assert rows[-1]["accuracy"] == pytest.approx(summary["eval_accuracy_after"], abs=1e-4)
+    (markdown,) = by_key["e2e-summary"]
+    assert summary["mlflow_run_id"] in markdown.data and f"models:/{summary['model_name']}/{summary['model_version']}" in markdown.data
+    assert f"{summary['eval_accuracy_before']:.3f} → {summary['eval_accuracy_after']:.3f}" in markdown.data
 
 
 def test_mlflow_has_metrics_per_round_and_masked_params(finished):

@@ -55,6 +55,16 @@ def test_config_changes_name_the_keys_and_ignore_operational_ones():
     assert fingerprint(old) == fingerprint({**old, "storage": {"max_attempts": 1}})
 
 
+def test_a_key_added_by_a_newer_version_is_a_change_only_off_its_default():
+    from components.config import CampaignConfig
+
+    new = CampaignConfig().model_dump(mode="json")
+    old = {**new, "promotion": {k: v for k, v in new["promotion"].items() if k != "after_campaign"}}
+    assert config_changes(old, new) == []  # a campaign from before the key existed resumes
+    off = {**new, "promotion": {**new["promotion"], "after_campaign": False}}
+    assert config_changes(old, off) == ["promotion.after_campaign (None → False)"]
+
+
 def test_a_running_attempt_is_alive_only_while_its_process_is(tmp_path):
     state = _state()
     state.attempts.append(Attempt(None, os.getpid(), socket.gethostname(), now()))

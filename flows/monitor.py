@@ -1,0 +1,123 @@
+"""What a campaign shows in the Prefect UI while it runs (the flow run's Artifacts tab):
+
+- ``<campaign>-progress``: a progress artifact, rounds done out of ``rounds``, updated every round;
+- ``<campaign>-rounds``: a table artifact of per-round metrics (reward, loss, held-out accuracy,
+  quarantined rows, seconds per stage), a new version every round;
+- ``<campaign>-summary``: a markdown summary at the end — or the one line on why it stopped —
+  linking the MLflow run and the registered model version.
+
+The table is read from the MLflow run's metrics (``Tracker.history``), so a resumed campaign shows
+the rounds its earlier attempts did too.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from typing import Any
+
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
+from prefect.artifacts import update_progress_artifact
+
+from components.campaign import ROUND
+from components.run import CampaignRun
+
+# column → MLflow metric of the round (blank where a round has none: accuracy between evaluations)
+COLUMNS = {"reward": "reward/mean", "loss": "loss/total", "accuracy": "eval/accuracy",
+           "accepted": "contract/accepted", "quarantined": "contract/quarantined",
+           **{f"{stage} s": f"time/{stage}_s" for stage in ROUND}}
+
+
+def _best_effort(method):
+    """The UI is a view: an artifact that cannot be written is a warning, never a failed campaign."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            logging.getLogger("rftflow").warning("Prefect UI artifact %s not written: %s", method.__name__, e)
+    return wrapper
+
+
+def artifact_key(campaign: str, what: str) -> str:
+    """Prefect artifact keys take lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{campaign.lower()}-{what}")
+
+
+def mlflow_links(tracking_uri: str, experiment_id: str, run_id: str, model: str | None,
+                 version: str | None) -> tuple[str, str | None]:
+    """Markdown for the MLflow run and model version: links on an MLflow server (``http(s)://``),
+    else the ids and how to open the store in a browser (``rftflow up``)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        base = tracking_uri.rstrip("/")
+        run = f"[run {run_id}]({base}/#/experiments/{experiment_id}/runs/{run_id})"
+        return run, f"[{model} v{version}]({base}/#/models/{model}/versions/{version})" if version else None
+    hint = f" in `{tracking_uri}` (`rftflow up` serves it)"
+    return f"run `{run_id}`{hint}", f"`models:/{model}/{version}`" if version else None
+
+
+class UIMonitor:
+    """The progress, table and summary artifacts of one flow run of ``run``."""
+
+    def __init__(self, run: CampaignRun):
+        self.run = run
+        self.name = run.cfg.name
+        self._progress_id = None
+
+    def _percent(self, rounds_done: int) -> float:
+        return round(100.0 * rounds_done / self.run.cfg.rounds, 1)
+
+    @_best_effort
+    def start(self, rounds_done: int) -> None:
+        """Before the first round of this attempt (``rounds_done`` by earlier attempts)."""
+        self._progress_id = create_progress_artifact(
+            self._percent(rounds_done), key=artifact_key(self.name, "progress"),
+            description=f"campaign {self.name}: rounds done of {self.run.cfg.rounds}")
+
+    @_best_effort
+    def round_done(self, round_no: int) -> None:
+        if self._progress_id is not None:
+            update_progress_artifact(self._progress_id, self._percent(round_no))
+        create_table_artifact(self.rows(), key=artifact_key(self.name, "rounds"),
+                              description=f"campaign {self.name}: metrics of each round (MLflow run "
+                                          f"{self.run.tracker.run_id})")
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per round done: ``COLUMNS`` from the MLflow run's metrics of that step."""
+        history = self.run.tracker.history
+        return [{"round": r, **{col: _cell(history[r].get(key)) for col, key in COLUMNS.items()}}
+                for r in sorted(history) if r >= 1 and any(f"time/{s}_s" in history[r] for s in ROUND)]
+
+    @_best_effort
+    def summary(self, summary: dict[str, Any] | None = None, stopped: str | None = None) -> None:
+        """The end: the summary's key figures, or ``stopped`` (why it ended early), with links."""
+        run = self.run
+        experiment = run.tracker.client.get_run(run.tracker.run_id).info.experiment_id
+        version = run.state.model_version if summary else None
+        run_link, model_link = mlflow_links(run.tracker.uri, experiment, run.tracker.run_id,
+                                            run.cfg.tracking.registered_model, version)
+        lines = [f"# Campaign `{self.name}`", ""]
+        if stopped:
+            lines += [f"**Stopped:** {stopped}", ""]
+        lines += ["| | |", "| --- | --- |", f"| MLflow | {run_link} |"]
+        if model_link:
+            lines.append(f"| model | {model_link} |")
+        if summary and summary.get("promotion"):
+            lines.append(f"| promotion | {summary['promotion']} |")
+        before, after = run.accuracy_before, run.accuracy_last
+        if before is not None:
+            lines.append(f"| held-out accuracy | {before:.3f} → {after:.3f} |")
+        rounds_done = run.state.rounds_done or 0
+        lines.append(f"| rounds | {rounds_done} of {run.cfg.rounds} |")
+        if summary:
+            lines += [f"| wall time | {summary['wall_seconds']:.0f} s |",
+                      f"| attempts | {summary['attempts']} (resumed from round {summary['resumed_from_round']})"
+                      if summary["resumed_from_round"] is not None else f"| attempts | {summary['attempts']} |",
+                      f"| store | `{summary['store_url']}` |", f"| validation report | `{summary['validation_report']}` |"]
+        create_markdown_artifact("\n".join(lines) + "\n", key=artifact_key(self.name, "summary"),
+                                 description=f"campaign {self.name}: " + ("stopped" if stopped else "summary"))
+
+
+def _cell(value: float | None) -> float | str:
+    return "" if value is None else round(value, 4)

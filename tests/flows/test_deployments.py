@@ -1,0 +1,178 @@
+"""prefect.yaml against real servers: ``prefect deploy --all`` on a real ``prefect server start``, a
+process work pool served by a real ``prefect worker start``, and a real ``mlflow server``. The
+``rft-campaign`` deployment runs a small campaign through the worker; read back through the
+Prefect client: every round's stage task runs completed and the UI artifacts exist; from the MLflow
+server: the run, its metrics and the registered version (promoted after the campaign). The
+``evaluate`` deployment then benchmarks ``@champion``, and a bad override fails at the gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # three servers and three flow runs in worker subprocesses
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOYMENTS = {"rft_campaign/rft-campaign", "rft_campaign/evaluate", "rft_campaign/arith-mix-explorer",
+               "rft_campaign/arith-mix-trainer", "promote_model/promote-model"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, seconds: float = 120) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args[:4]} exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer in {seconds} s: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def servers(cli_env, tmp_path_factory):
+    """A real ``prefect server start`` with its services (they record task runs from events), a real
+    ``mlflow server`` (SQLite, artifacts served), the deployments of prefect.yaml and a process
+    worker on pool ``rftflow`` whose runs track to the MLflow server (``MLFLOW_TRACKING_URI``)."""
+    work = tmp_path_factory.mktemp("deployments")
+    prefect_port, mlflow_port = _free_port(), _free_port()
+    prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
+    env = {**cli_env, "PREFECT_HOME": str(work / "prefect"), "PREFECT_API_URL": prefect_url, "RFTFLOW_HOME": str(ROOT),
+           "MLFLOW_TRACKING_URI": mlflow_url, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    logs = {name: work / f"{name}.log" for name in ("prefect", "mlflow", "worker")}
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(prefect_port)], env=env, stdout=logs["prefect"].open("w"), stderr=subprocess.STDOUT)
+    mlflow = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
+                               "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
+                               "--artifacts-destination", (work / "mlartifacts").as_uri()],
+                              env=env, stdout=logs["mlflow"].open("w"), stderr=subprocess.STDOUT)
+    worker = None
+    try:
+        _wait_http(f"{prefect_url}/health", server, logs["prefect"])
+        _wait_http(f"{mlflow_url}/health", mlflow, logs["mlflow"])
+        prefect = [sys.executable, "-m", "prefect", "--no-prompt"]
+        subprocess.run([*prefect, "work-pool", "create", "rftflow", "--type", "process", "--overwrite"], env=env,
+                       check=True, capture_output=True, cwd=ROOT)
+        deployed = subprocess.run([*prefect, "deploy", "--all"], env=env, capture_output=True, text=True, cwd=ROOT)
+        assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+        worker = subprocess.Popen([*prefect, "worker", "start", "--pool", "rftflow", "--type", "process"], env=env,
+                                  cwd=work, stdout=logs["worker"].open("w"), stderr=subprocess.STDOUT)
+        yield {"mlflow": mlflow_url, "prefect": prefect_url, "work": work, "worker_log": logs["worker"]}
+    finally:
+        for proc in (worker, mlflow, server):
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def run_deployment(servers: dict, name: str, parameters: dict, timeout: float = 420):
+    """Start a run of deployment ``name`` (for the worker to pick up); its final flow run."""
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: servers["prefect"]}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(name)
+        run = client.create_flow_run_from_deployment(deployment.id, parameters={**deployment.parameters,
+                                                                                  **parameters})
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            run = client.read_flow_run(run.id)
+            if run.state is not None and run.state.is_final():
+                return run
+            time.sleep(1)
+    raise AssertionError(f"{name} did not finish in {timeout} s; worker: {servers['worker_log'].read_text()[-3000:]}")
+
+
+SMALL_CAMPAIGN = ["rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2",
+                  "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
+                  "buffer.expert_per_round=8", "eval.every=1", "promotion.min_accuracy=0"]
+
+
+def test_prefect_deploy_all_registers_every_deployment_of_prefect_yaml(servers):
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: servers["prefect"]}), get_client(sync_client=True) as client:
+        deployments = client.read_deployments()
+        flows = {f.id: f.name for f in client.read_flows()}
+    names = {f"{flows[d.flow_id]}/{d.name}" for d in deployments}
+    assert DEPLOYMENTS <= names, names
+    nightly = next(d for d in deployments if d.name == "rft-campaign")
+    assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"] and nightly.work_pool_name == "rftflow"
+
+
+def test_the_campaign_deployment_runs_through_the_worker_into_prefect_and_the_mlflow_server(servers):
+    from mlflow import MlflowClient
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    run_dir = servers["work"] / "campaign"
+    run = run_deployment(servers, "rft_campaign/rft-campaign", {
+        "run_dir": str(run_dir), "overrides": ["name=deployed-{date}", *SMALL_CAMPAIGN]})
+    assert run.state.type.value == "COMPLETED", (run.state.message, servers["worker_log"].read_text()[-3000:])
+    assert run.name.startswith("deployed-")  # named for people: the campaign and its day
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["prefect_flow_run_id"] == str(run.id) and summary["mlflow_tracking_uri"] == servers["mlflow"]
+
+    with temporary_settings({PREFECT_API_URL: servers["prefect"]}), get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    states = {t.name: t.state.type.value for t in tasks}
+    for r in (1, 2):
+        for stage in ("explore", "verify", "buffer", "train", "sync", "evaluate"):
+            assert states.get(f"{stage}[r={r}]") == "COMPLETED", (stage, r, states)
+    assert states.get("register[r=2]") == states.get("promote[r=2]") == "COMPLETED"
+    keys = {a.key for a in artifacts}
+    name = summary["campaign"]
+    assert {f"{name}-progress", f"{name}-rounds", f"{name}-summary"} <= keys, keys
+    markdown = next(a for a in artifacts if a.key == f"{name}-summary").data
+    assert f"{servers['mlflow']}/#/experiments/" in markdown and f"/runs/{summary['mlflow_run_id']})" in markdown
+
+    client = MlflowClient(servers["mlflow"], registry_uri=servers["mlflow"])
+    mlflow_run = client.get_run(summary["mlflow_run_id"])
+    assert mlflow_run.info.status == "FINISHED" and mlflow_run.info.run_name == name
+    assert sorted(m.step for m in client.get_metric_history(mlflow_run.info.run_id, "reward/mean")) == [1, 2]
+    assert mlflow_run.info.artifact_uri.startswith("mlflow-artifacts:")  # stored by the server, not by the worker
+    assert (servers["work"] / "mlartifacts").is_dir()
+    version = client.get_model_version(summary["model_name"], summary["model_version"])
+    assert version.run_id == mlflow_run.info.run_id and version.tags["promotion.decision"] == "promoted"
+    assert client.get_model_version_by_alias(summary["model_name"], "champion").version == version.version
+
+    bench_dir = servers["work"] / "evaluate"
+    evaluated = run_deployment(servers, "rft_campaign/evaluate", {
+        "run_dir": str(bench_dir), "overrides": ["name=evaluate-{date}", "mode=bench", "taskset.size=300",
+                                                 "taskset.eval_size=10", "bench.models=[models:/arith-tiny@champion]"]})
+    assert evaluated.state.type.value == "COMPLETED", evaluated.state.message
+    (row,) = json.loads((bench_dir / "bench.json").read_text())  # the same held-out split, the same greedy decoding
+    assert row["model"] == "models:/arith-tiny@champion" and row["accuracy"] == summary["eval_accuracy_after"]
+    (bench_run,) = client.search_runs([mlflow_run.info.experiment_id], "attributes.run_name LIKE 'evaluate-%-bench'")
+    assert bench_run.data.metrics == {"bench/accuracy/chain_sum": row["accuracy"]}
+
+
+def test_a_deployment_run_with_a_bad_override_fails_at_the_gate_in_one_line(servers):
+    run_dir = servers["work"] / "bad"
+    run = run_deployment(servers, "rft_campaign/rft-campaign", {"run_dir": str(run_dir),
+                                                                "overrides": ["trainer.lr=-1"]})
+    assert run.state.type.value == "FAILED"
+    assert run.state.message == ("configs/arith-mix.yaml: config key 'trainer.lr': Input should be greater than 0 "
+                                 "(got -1)")  # the CLI's line
+    assert not run_dir.exists()
