@@ -150,3 +150,11 @@ def _check_tracking_uri(uri: str | None) -> None:
     if scheme not in TRACKING_SCHEMES:
         raise ValueError(f"tracking.uri {redact_url(uri)!r}: unsupported scheme {scheme!r}; supported: "
                          f"{', '.join(TRACKING_SCHEMES)}")
+    if scheme in ("http", "https"):  # else MLflow's client retries for minutes, then fails in a wall of text
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=10)
+        except OSError as e:
+            reason = getattr(e, "reason", e)
+            raise ValueError(f"tracking.uri {redact_url(uri)!r}: no MLflow server answers ({reason})") from None

@@ -43,7 +43,7 @@ class CampaignRun:
     come first.
     """
 
-    def __init__(self, checked: Preflight, *, flow_run_id: str | None = None):
+    def __init__(self, checked: Preflight, *, flow_run_id: str | None = None, flow_run_url: str | None = None):
         self.checked, self.cfg, self.run_dir = checked, checked.cfg, checked.run_dir
         cfg, out = self.cfg, self.run_dir
         self.campaign = Campaign(checked)  # opens the store (recording it in the run dir), loads the models
@@ -55,7 +55,9 @@ class CampaignRun:
         self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, run_name,
                                artifact_root=out / "mlartifacts", run_id=self.state.mlflow_run_id,
                                tags={"campaign": cfg.name, "rftflow.mode": cfg.mode,
-                                     "prefect.flow_run_id": flow_run_id or ""})
+                                     "prefect.flow_run_id": flow_run_id or "", "prefect.flow_run_url": flow_run_url or "",
+                                     "mlflow.source.name": "rftflow run (flows/campaign.py:rft_campaign)",
+                                     "mlflow.note.content": describe(cfg, flow_run_id, flow_run_url)})
         self.tracker.log_params(config)
         self.state.mlflow_run_id = self.tracker.run_id
         self.state.status, self.state.error = "running", None
@@ -252,17 +254,20 @@ class CampaignRun:
         self.states.write(self.state)
         return {"model_name": name, "model_version": version, "model_uri": f"models:/{name}/{version}"}
 
-    def promote(self, round_no: int) -> dict[str, float]:
+    def promote(self, round_no: int) -> dict[str, Any]:
         """The registered version against the ``champion`` alias (``components.promotion``): the
         alias moves on a clear, significant win; the decision's line goes into the summary."""
         from components.promotion import promote
 
-        decision = promote(self.checked, self.state.model_version)
-        self.promotion = decision.line()
-        metrics = {"promotion/promoted": float(decision.promoted)}
-        if decision.p_value is not None:
-            metrics["promotion/p_value"] = decision.p_value
-        return self._tracked("promote", round_no, lambda: metrics)
+        def work() -> dict[str, float]:
+            decision = promote(self.checked, self.state.model_version)
+            self.promotion = decision.line()
+            metrics = {"promotion/promoted": float(decision.promoted)}
+            if decision.p_value is not None:
+                metrics["promotion/p_value"] = decision.p_value
+            return metrics
+
+        return {**self._tracked("promote", round_no, work), "decision": self.promotion}
 
     def validation_report(self, store_reachable: bool = True) -> tuple[Path, str]:
         """``<run dir>/validation/validation.md``, also logged to the MLflow run: (path, artifact URI).
@@ -308,6 +313,14 @@ class CampaignRun:
 
     def wall_seconds(self) -> float:
         return round(time.perf_counter() - self.started, 1)
+
+
+def describe(cfg, flow_run_id: str | None, flow_run_url: str | None) -> str:
+    """The MLflow run's description (markdown): what the campaign is, and its Prefect flow run."""
+    flow_run = (f"[{flow_run_id}]({flow_run_url})" if flow_run_url else f"`{flow_run_id}`") if flow_run_id else "none"
+    return (f"rftflow campaign **{cfg.name}** (mode {cfg.mode}): algorithm {cfg.algorithm.name}, {cfg.rounds} rounds of "
+            f"{cfg.explorer.tasks_per_round} tasks × {cfg.explorer.repeat_times} responses on `{cfg.taskset.source}`, "
+            f"model `{cfg.model.path}`. Prefect flow run: {flow_run}.")
 
 
 def _artifact_path(prefix: str) -> str:

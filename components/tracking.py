@@ -63,6 +63,8 @@ class Tracker:
             served = uri.startswith(("http://", "https://"))  # a tracking server keeps artifacts its own way
             location = (artifact_root / experiment).as_uri() if artifact_root and not served else None
             experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+        # MLflow 3's UI shows an experiment of unknown kind as a GenAI one (traces, evaluation runs)
+        self.client.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:

@@ -10,6 +10,7 @@ same way. SIGINT/SIGTERM stop it after the current stage.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +44,16 @@ def _date() -> str:
 
 def _filled(text: str | None) -> str | None:
     return None if text is None else text.replace("{date}", _date())
+
+
+def _flow_run_url() -> str | None:
+    """The flow run's page in the Prefect UI; None on the embedded API (its server ends with the run)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    ui = PREFECT_UI_URL.value()
+    if not os.environ.get("PREFECT_API_URL") or not ui:
+        return None
+    return f"{ui.rstrip('/')}/runs/flow-run/{runtime.flow_run.id}"
 
 
 def _flow_run_name() -> str:
@@ -158,7 +169,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
                          data=json.loads(summary_file.read_text()) if summary_file.is_file() else None)
     if restart:
         move_aside(checked)
-    run = CampaignRun(checked, flow_run_id=str(runtime.flow_run.id or "") or None)
+    run = CampaignRun(checked, flow_run_id=str(runtime.flow_run.id or "") or None, flow_run_url=_flow_run_url())
     _mark_crashed(run)
     monitor = UIMonitor(run)
     try:

@@ -88,7 +88,8 @@ def run(
     for key in ("mode", "eval_accuracy_before", "eval_accuracy_after", "rounds", "wall_seconds", "model_name",
                 "model_version", "mlflow_run_id", "store_url"):
         value = summary.get(key)
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+        shown = f"{value:.1f} s" if key == "wall_seconds" else f"{value:.3f}" if isinstance(value, float) else str(value)
+        table.add_row(key, shown)
     if summary.get("resumed_from_round") is not None:
         table.add_row("resumed_from_round", str(summary["resumed_from_round"]))
     Console().print(table)
@@ -158,6 +159,38 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
     for key, value in rows:
         table.add_row(key, value)
     Console().print(table)
+
+
+RunDirArg = Annotated[Path, typer.Argument(help="The run dir whose mlflow.db the MLflow server serves.")]
+
+
+@app.command()
+def up(run_dir: RunDirArg = Path("runs/arith-mix"),
+       prefect_port: Annotated[int, typer.Option(help="Port of the Prefect server and UI.")] = 4200,
+       mlflow_port: Annotated[int, typer.Option(help="Port of the MLflow server and UI.")] = 5000) -> None:
+    """Start a Prefect server (on PREFECT_HOME's runs) and an MLflow server (on the run dir's
+    mlflow.db) on 127.0.0.1, in the background; print their URLs."""
+    from flows.servers import ServerError, up as start
+
+    try:
+        urls = start(run_dir, prefect_port, mlflow_port)
+    except ServerError as e:
+        _fail(str(e), 1)
+    home = os.environ.get("PREFECT_HOME", "~/.prefect")
+    Console().print(f"Prefect UI  {urls['prefect']}  (every run in {home})\n"
+                    f"MLflow UI   {urls['mlflow']}  (sqlite:///{run_dir.resolve() / 'mlflow.db'})\n"
+                    f"campaigns report to this Prefect server live with: export PREFECT_API_URL={urls['prefect']}/api\n"
+                    f"stop both: rftflow down {run_dir}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def down(run_dir: RunDirArg = Path("runs/arith-mix")) -> None:
+    """Stop the servers `rftflow up` started for the run dir."""
+    from flows.servers import down as stop
+
+    stopped = stop(run_dir)
+    Console().print(f"stopped: {', '.join(stopped)}" if stopped else f"no servers of {run_dir} were running",
+                    highlight=False)
 
 
 buffer_app = typer.Typer(no_args_is_help=True, help="Inspect what a campaign stored: counts, rows, exports.")

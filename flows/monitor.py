@@ -51,7 +51,8 @@ def mlflow_links(tracking_uri: str, experiment_id: str, run_id: str, model: str 
     else the ids and how to open the store in a browser (``rftflow up``)."""
     if tracking_uri.startswith(("http://", "https://")):
         base = tracking_uri.rstrip("/")
-        run = f"[run {run_id}]({base}/#/experiments/{experiment_id}/runs/{run_id})"
+        # workflowType: MLflow 3's UI opens in its GenAI view otherwise
+        run = f"[run {run_id}]({base}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning)"
         return run, f"[{model} v{version}]({base}/#/models/{model}/versions/{version})" if version else None
     hint = f" in `{tracking_uri}` (`rftflow up` serves it)"
     return f"run `{run_id}`{hint}", f"`models:/{model}/{version}`" if version else None

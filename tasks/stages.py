@@ -11,7 +11,7 @@ contract failed; the store itself rides out outages (``storage.outage_seconds``)
 
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
@@ -35,13 +35,28 @@ def worth_retrying(_task, _task_run, state) -> bool:
     return True
 
 
+def outcome_line(result: dict) -> str:
+    """What a step did, for its log in the Prefect UI: its metrics (``key=value``), seconds last."""
+    def shown(value) -> str:
+        if isinstance(value, float):
+            return str(int(value)) if value.is_integer() else f"{value:.4g}"
+        return str(value)
+
+    seconds = [v for k, v in result.items() if k.startswith("time/")]
+    parts = [f"{k}={shown(v)}" for k, v in result.items()
+             if not k.startswith("time/") and isinstance(v, (int, float, str)) and len(shown(v)) <= 200]
+    return ", ".join(parts) + (f" ({seconds[0]:.2f} s)" if seconds else "") if parts or seconds else "done"
+
+
 def _step_task(name: str, doc: str, **retry):
     """The task that runs step ``name`` (a new function per step, so each is its own Prefect task)."""
     def run_step(run: CampaignRun, round_no: int) -> dict | State:
         try:
-            return run.step(name, round_no)
+            result = run.step(name, round_no)
         except ONE_LINE as e:  # Failed with its one line, not a traceback; the flow gets the exception
             return Failed(message=str(e), data=e)
+        get_run_logger().info(outcome_line(result))
+        return result
 
     run_step.__name__ = run_step.__qualname__ = name
     run_step.__doc__ = doc

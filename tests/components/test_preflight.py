@@ -27,6 +27,8 @@ BAD = {
     "unknown builtin": (["model.path=builtin:huge"], "unknown built-in model; known: builtin:tiny"),
     "store scheme": (["storage.url=ftp://x/y"], "storage.url 'ftp://x/y': unsupported scheme 'ftp'; supported: file://, s3://"),
     "tracking store": (["tracking.uri={tmp}/mlruns"], "MLflow 3 keeps no runs in plain files"),
+    "tracking server down": (["tracking.uri=http://127.0.0.1:9"],
+                             "tracking.uri 'http://127.0.0.1:9': no MLflow server answers ([Errno 111] Connection refused)"),
     "sft without demonstrations": (["algorithm.name=sft", "buffer.expert_per_round=0"],
                                    "buffer.expert_per_round must be > 0"),
 }
@@ -69,3 +71,10 @@ def test_a_good_campaign_passes_and_resolves_its_parts(tmp_path, default_config,
     assert checked.tracking_uri == f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}"
     assert checked.store_url == (tmp_path / "run" / "store").as_uri()
     assert not (tmp_path / "run").exists()  # checking writes nothing
+
+
+def test_mlflow_tracking_uri_is_the_default_tracking_store_when_set(tmp_path, default_config, small, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'team.db'}")
+    assert preflight(default_config, tmp_path / "run", small).tracking_uri == f"sqlite:///{tmp_path / 'team.db'}"
+    explicit = preflight(default_config, tmp_path / "run", [*small, f"tracking.uri=sqlite:///{tmp_path / 'own.db'}"])
+    assert explicit.tracking_uri == f"sqlite:///{tmp_path / 'own.db'}"  # the config's key wins

@@ -145,7 +145,7 @@ def test_the_campaign_deployment_runs_through_the_worker_into_prefect_and_the_ml
     name = summary["campaign"]
     assert {f"{name}-progress", f"{name}-rounds", f"{name}-summary"} <= keys, keys
     markdown = next(a for a in artifacts if a.key == f"{name}-summary").data
-    assert f"{servers['mlflow']}/#/experiments/" in markdown and f"/runs/{summary['mlflow_run_id']})" in markdown
+    assert f"{servers['mlflow']}/#/experiments/" in markdown and f"/runs/{summary['mlflow_run_id']}?workflowType=machine_learning)" in markdown
 
     client = MlflowClient(servers["mlflow"], registry_uri=servers["mlflow"])
     mlflow_run = client.get_run(summary["mlflow_run_id"])

@@ -104,10 +104,15 @@ def check_trial(run_dir: Path, reference: dict) -> None:
 
 @pytest.fixture(scope="module")
 def env(cli_env, tmp_path_factory):
-    """``cli_env`` (one real Prefect server) and the task file of these campaigns."""
+    """``cli_env`` (one real Prefect server) and the task file of these campaigns, one torch thread.
+
+    One thread: the weights are compared bit for bit with another process's, and in earlier CI runs
+    about one process in 25 (on a loaded 2-core machine, at 2 threads) took its warm start along
+    another float path than its twin — before any kill, so not a resume fault. Single-threaded
+    kernels add in one fixed order; what this test checks is that resume restores the state."""
     tasks = tmp_path_factory.mktemp("tasks") / "compare.jsonl"
     tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
-    return {**cli_env, "TASKS": str(tasks)}
+    return {**cli_env, "TASKS": str(tasks), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,136 @@
+"""``rftflow up`` / ``rftflow down``: a local Prefect server and MLflow server over the embedded
+stores, to look at campaigns in a browser.
+
+- Prefect: ``prefect server start`` on ``PREFECT_HOME``'s database — the one every ``rftflow run``
+  with the embedded API writes to — so it shows every run made on this machine. Its UI is told
+  where its API is (``PREFECT_UI_API_URL``): on a port other than 4200 it would otherwise show
+  "Can't connect to Server API".
+- MLflow: ``mlflow server`` on ``<run dir>/mlflow.db``; artifacts stay where the runs put them.
+
+Both listen on 127.0.0.1, run detached (in their own sessions, logs in ``<run dir>/servers/``), and
+are recorded in ``<run dir>/servers/servers.json`` for ``down``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """A server that could not start (the message is one line and names it)."""
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    url: str  # what a person opens
+    health: str  # what answers once it is up
+    command: list[str]
+    env: dict[str, str]
+
+
+def servers_for(run_dir: Path, prefect_port: int, mlflow_port: int) -> list[Server]:
+    prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
+    quiet = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": f"{prefect_url}/api",
+             "PREFECT_UI_URL": prefect_url}
+    return [
+        Server("prefect", prefect_url, f"{prefect_url}/api/health",
+               [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+               quiet),
+        Server("mlflow", mlflow_url, f"{mlflow_url}/health",
+               [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
+                "--backend-store-uri", f"sqlite:///{run_dir.resolve() / 'mlflow.db'}"], {}),
+    ]
+
+
+def _port_free(url: str) -> bool:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.socket() as s:
+        return s.connect_ex((host, int(port))) != 0
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+        return True
+    except OSError:
+        return False
+
+
+def up(run_dir: Path, prefect_port: int = 4200, mlflow_port: int = 5000, timeout: float = 120) -> dict[str, str]:
+    """Start both servers (those already recorded as running are left alone); {name: URL}."""
+    folder = run_dir / "servers"
+    folder.mkdir(parents=True, exist_ok=True)
+    running = {name: rec for name, rec in _read(folder).items() if _alive(rec["pid"])}
+    started: dict[str, dict] = {}
+    for server in servers_for(run_dir, prefect_port, mlflow_port):
+        if server.name in running:
+            continue
+        if not _port_free(server.url):
+            raise ServerError(f"{server.name}: port {server.url.rsplit(':', 1)[1]} on 127.0.0.1 is taken; "
+                              f"choose another with --{server.name}-port")
+        log = folder / f"{server.name}.log"
+        proc = subprocess.Popen(server.command, env={**os.environ, **server.env}, stdout=log.open("w"),
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        started[server.name] = {"pid": proc.pid, "url": server.url, "health": server.health, "log": str(log)}
+        _write(folder, {**running, **started})
+    deadline = time.time() + timeout
+    for name, rec in started.items():
+        while not _answers(rec["health"]):
+            if not _alive(rec["pid"]) or time.time() > deadline:
+                down(run_dir)
+                tail = Path(rec["log"]).read_text().strip().splitlines()[-1:] or ["(empty log)"]
+                raise ServerError(f"{name} server did not start ({rec['log']}): {tail[0]}")
+            time.sleep(0.5)
+    return {name: rec["url"] for name, rec in {**running, **started}.items()}
+
+
+def down(run_dir: Path, timeout: float = 30) -> list[str]:
+    """Stop the servers ``up`` started for ``run_dir`` (their whole process groups); their names."""
+    folder = run_dir / "servers"
+    stopped = []
+    for name, rec in _read(folder).items():
+        if _alive(rec["pid"]):
+            os.killpg(rec["pid"], signal.SIGTERM)
+            deadline = time.time() + timeout
+            while _alive(rec["pid"]) and time.time() < deadline:
+                time.sleep(0.2)
+            if _alive(rec["pid"]):
+                os.killpg(rec["pid"], signal.SIGKILL)
+            stopped.append(name)
+    (folder / "servers.json").unlink(missing_ok=True)
+    return stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)  # our own child (up and down in one process): reap it
+        if done:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read(folder: Path) -> dict[str, dict]:
+    path = folder / "servers.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _write(folder: Path, records: dict[str, dict]) -> None:
+    (folder / "servers.json").write_text(json.dumps(records, indent=2) + "\n")
