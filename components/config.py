@@ -29,7 +29,8 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    path: str = Field("builtin:tiny", description="`builtin:tiny` or a local Hugging Face model directory.")
+    path: str = Field("builtin:tiny", description="`builtin:tiny`, `builtin:smollm2-135m-instruct` (the `smollm2` "
+                      "extra), a local Hugging Face model directory, or a GGUF file (or a directory with one).")
     allow_download: bool = Field(False, description="Allow a hub id in `path` (off: offline machines are normal).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
     chat_template: bool = Field(False, description="Wrap prompts in the tokenizer's chat template (instruct models).")
@@ -62,10 +63,11 @@ class TasksetConfig(_Section):
 
 
 class RewardConfig(_Section):
-    function: Literal["score_answer", "exact_match"] = Field(
+    function: Literal["score_answer", "exact_match", "math_verify"] = Field(
         "score_answer",
         description="`score_answer`: the reasoning-gym dataset's own verifier (exact match for file tasksets); "
-        "`exact_match`: 1 if the stripped response equals the gold answer.",
+        "`exact_match`: 1 if the stripped response equals the gold answer; `math_verify`: 1 if the final answer of "
+        "a free-form response equals the gold answer mathematically (math-verify).",
     )
 
 

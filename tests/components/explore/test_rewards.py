@@ -1,0 +1,29 @@
+"""Reward functions: exact match, the dataset's verifier, and math-verify on free-form answers."""
+
+import pytest
+
+from components.data.tasksets import Task
+from components.explore.rewards import make_reward_fn
+
+TASK = Task(task_id="t", question="47 + 38", prompt="What is 47 + 38?", answer="85")
+
+
+@pytest.mark.parametrize("response, reward", [
+    ("47 + 38 = 85.", 1.0), ("The answer is 85", 1.0), ("\\boxed{85}", 1.0), ("85", 1.0),
+    ("47 + 38 = 114.", 0.0), ("I cannot say.", 0.0), ("", 0.0),
+])
+def test_math_verify_reads_the_final_answer_of_a_free_form_response(response, reward):
+    assert make_reward_fn("math_verify", "reasoning_gym:chain_sum")(response, TASK) == reward
+
+
+def test_math_verify_works_off_the_main_thread():  # async mode verifies in a worker thread
+    from concurrent.futures import ThreadPoolExecutor
+
+    fn = make_reward_fn("math_verify", "reasoning_gym:chain_sum")
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(fn, "= 85", TASK).result() == 1.0
+
+
+def test_exact_match_needs_the_answer_alone():
+    fn = make_reward_fn("exact_match", "tasks.jsonl")
+    assert fn(" 85 ", TASK) == 1.0 and fn("47 + 38 = 85", TASK) == 0.0
