@@ -178,7 +178,8 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
             first, last = run.round_stages[0], run.round_stages[-1]
             phases = list(run.phases())
             # each round's last step (its evaluation or checkpoint, if due): the UI's table then has them
-            round_ends = {r: (n, r) for phase in phases for lane in phase for n, r in lane if r and n != "register"}
+            round_ends = {r: (n, r) for phase in phases for lane in phase for n, r in lane
+                          if r and n not in ("register", "promote")}
             for phase in phases:
                 if len(phase) > 1:  # lanes at once (mode async): each a chain of task runs
                     _run_lanes(run, phase)
