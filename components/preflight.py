@@ -37,6 +37,7 @@ from components.config import CampaignConfig, ConfigError, load_config
 from components.data.pipelines import check_pipeline
 from components.data.tasksets import check_taskset
 from components.explore.models import check_model_path
+from components.tracking import is_tracking_server
 
 # Backends MLflow 3 keeps runs in (SQLAlchemy dialects may carry a driver: postgresql+psycopg2).
 TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
@@ -59,7 +60,7 @@ class Preflight:
     def tracking_uri(self) -> str:
         """``tracking.uri``, else ``MLFLOW_TRACKING_URI`` (a team's MLflow server, set once for a
         worker), else ``sqlite:///<run dir>/mlflow.db``."""
-        return self.cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.run_dir / 'mlflow.db'}"
+        return configured_tracking_uri(self.cfg) or f"sqlite:///{self.run_dir / 'mlflow.db'}"
 
     @property
     def store_url(self) -> str:
@@ -80,7 +81,7 @@ def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = N
     try:
         _check_run_dir(out)
         parse_store_url(run_store_url(cfg.storage, out))
-        _check_tracking_uri(cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI"))
+        _check_tracking_uri(configured_tracking_uri(cfg))
         check_model_path(cfg.model.path, allow_download=cfg.model.allow_download)
         algorithm = cfg.algorithm.resolve()
         check_pipeline("tasks", cfg.pipelines.tasks)
@@ -140,6 +141,11 @@ def _check_run_dir(run_dir: Path) -> None:
         raise ValueError(f"run dir {run_dir}: {ancestor} is not writable")
 
 
+def configured_tracking_uri(cfg: CampaignConfig) -> str | None:
+    """``tracking.uri``, else ``MLFLOW_TRACKING_URI``; None: the run dir's own SQLite store."""
+    return cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+
+
 def _check_tracking_uri(uri: str | None) -> None:
     if uri is None:
         return
@@ -150,7 +156,7 @@ def _check_tracking_uri(uri: str | None) -> None:
     if scheme not in TRACKING_SCHEMES:
         raise ValueError(f"tracking.uri {redact_url(uri)!r}: unsupported scheme {scheme!r}; supported: "
                          f"{', '.join(TRACKING_SCHEMES)}")
-    if scheme in ("http", "https"):  # else MLflow's client retries for minutes, then fails in a wall of text
+    if is_tracking_server(uri):  # else MLflow's client retries for minutes, then fails in a wall of text
         import urllib.request
 
         try:

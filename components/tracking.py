@@ -26,6 +26,11 @@ SECRET_KEY = re.compile(r"secret|password|token|credential|access_key|api_key", 
 URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 
 
+def is_tracking_server(uri: str) -> bool:
+    """An MLflow tracking server (``http(s)://``), as opposed to a database the client writes itself."""
+    return uri.startswith(("http://", "https://"))
+
+
 def mask_secrets(key: str, value: Any) -> str:
     """The value as logged: secrets by key name become ``***``; credentials inside URLs too."""
     if SECRET_KEY.search(key):
@@ -51,6 +56,7 @@ class Tracker:
         if run_id is not None:
             self.run_id = run_id
             run = self.client.get_run(run_id)
+            self.experiment_id = run.info.experiment_id
             for key in run.data.metrics:
                 for m in self.client.get_metric_history(run_id, key):
                     self.history.setdefault(m.step, {})[key] = m.value
@@ -60,11 +66,12 @@ class Tracker:
         if found is not None:
             experiment_id = found.experiment_id
         else:
-            served = uri.startswith(("http://", "https://"))  # a tracking server keeps artifacts its own way
-            location = (artifact_root / experiment).as_uri() if artifact_root and not served else None
+            # a tracking server keeps artifacts its own way
+            location = (artifact_root / experiment).as_uri() if artifact_root and not is_tracking_server(uri) else None
             experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         # MLflow 3's UI shows an experiment of unknown kind as a GenAI one (traces, evaluation runs)
         self.client.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")
+        self.experiment_id = experiment_id
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:

@@ -198,25 +198,23 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
         monitor.summary(summary)
     except StopRequested as e:  # while waiting for the other process
         e = Interrupted(f"campaign {run.cfg.name} {e} ({run.stop_requested}); run the same command to resume")
-        run.validation_report()
-        run.end("interrupted", str(e))
-        monitor.summary(stopped=str(e))
+        _ended_early(run, monitor, "interrupted", str(e))
         return Cancelled(message=str(e), data=e)
     except Interrupted as e:
-        run.validation_report()
-        run.end("interrupted", str(e))
-        monitor.summary(stopped=str(e))
+        _ended_early(run, monitor, "interrupted", str(e))
         return Cancelled(message=str(e), data=e)
     except (ContractError, StoreUnavailable) as e:  # one line is the whole story
-        reachable = not isinstance(e, StoreUnavailable)
-        run.validation_report(store_reachable=reachable)
-        run.end("failed", str(e), store_reachable=reachable)
-        monitor.summary(stopped=str(e))
+        _ended_early(run, monitor, "failed", str(e), store_reachable=not isinstance(e, StoreUnavailable))
         return Failed(message=str(e), data=e)
     except BaseException as e:
-        run.validation_report()
-        line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        run.end("failed", line)
-        monitor.summary(stopped=line)
+        _ended_early(run, monitor, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         raise
     return summary
+
+
+def _ended_early(run: CampaignRun, monitor: UIMonitor, outcome: str, line: str, store_reachable: bool = True) -> None:
+    """A campaign that stopped before its end: the validation report, the attempt's end in the
+    state and MLflow, and the reason in the Prefect UI."""
+    run.validation_report(store_reachable=store_reachable)
+    run.end(outcome, line, store_reachable=store_reachable)
+    monitor.summary(stopped=line)

@@ -176,8 +176,9 @@ def up(run_dir: RunDirArg = Path("runs/arith-mix"),
         urls = start(run_dir, prefect_port, mlflow_port)
     except ServerError as e:
         _fail(str(e), 1)
-    home = os.environ.get("PREFECT_HOME", "~/.prefect")
-    Console().print(f"Prefect UI  {urls['prefect']}  (every run in {home})\n"
+    from prefect.settings import PREFECT_HOME
+
+    Console().print(f"Prefect UI  {urls['prefect']}  (every run in {PREFECT_HOME.value()})\n"
                     f"MLflow UI   {urls['mlflow']}  (sqlite:///{run_dir.resolve() / 'mlflow.db'})\n"
                     f"campaigns report to this Prefect server live with: export PREFECT_API_URL={urls['prefect']}/api\n"
                     f"stop both: rftflow down {run_dir}", highlight=False, soft_wrap=True)

@@ -22,6 +22,7 @@ from prefect.artifacts import update_progress_artifact
 
 from components.campaign import ROUND
 from components.run import CampaignRun
+from components.tracking import is_tracking_server
 
 # column → MLflow metric of the round (blank where a round has none: accuracy between evaluations)
 COLUMNS = {"reward": "reward/mean", "loss": "loss/total", "accuracy": "eval/accuracy",
@@ -49,7 +50,7 @@ def mlflow_links(tracking_uri: str, experiment_id: str, run_id: str, model: str 
                  version: str | None) -> tuple[str, str | None]:
     """Markdown for the MLflow run and model version: links on an MLflow server (``http(s)://``),
     else the ids and how to open the store in a browser (``rftflow up``)."""
-    if tracking_uri.startswith(("http://", "https://")):
+    if is_tracking_server(tracking_uri):
         base = tracking_uri.rstrip("/")
         # workflowType: MLflow 3's UI opens in its GenAI view otherwise
         run = f"[run {run_id}]({base}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning)"
@@ -94,9 +95,8 @@ class UIMonitor:
     def summary(self, summary: dict[str, Any] | None = None, stopped: str | None = None) -> None:
         """The end: the summary's key figures, or ``stopped`` (why it ended early), with links."""
         run = self.run
-        experiment = run.tracker.client.get_run(run.tracker.run_id).info.experiment_id
         version = run.state.model_version if summary else None
-        run_link, model_link = mlflow_links(run.tracker.uri, experiment, run.tracker.run_id,
+        run_link, model_link = mlflow_links(run.tracker.uri, run.tracker.experiment_id, run.tracker.run_id,
                                             run.cfg.tracking.registered_model, version)
         lines = [f"# Campaign `{self.name}`", ""]
         if stopped:

@@ -5,7 +5,9 @@ stores, to look at campaigns in a browser.
   with the embedded API writes to — so it shows every run made on this machine. Its UI is told
   where its API is (``PREFECT_UI_API_URL``): on a port other than 4200 it would otherwise show
   "Can't connect to Server API".
-- MLflow: ``mlflow server`` on ``<run dir>/mlflow.db``; artifacts stay where the runs put them.
+- MLflow: ``mlflow server`` on ``<run dir>/mlflow.db``; the runs' artifacts stay where they put
+  them, and runs made through the server keep theirs in ``<run dir>/mlartifacts`` too (not in the
+  directory ``up`` was started from).
 
 Both listen on 127.0.0.1, run detached (in their own sessions, logs in ``<run dir>/servers/``), and
 are recorded in ``<run dir>/servers/servers.json`` for ``down``.
@@ -38,6 +40,13 @@ class Server:
     env: dict[str, str]
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def servers_for(run_dir: Path, prefect_port: int, mlflow_port: int) -> list[Server]:
     prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
     quiet = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": f"{prefect_url}/api",
@@ -48,7 +57,8 @@ def servers_for(run_dir: Path, prefect_port: int, mlflow_port: int) -> list[Serv
                quiet),
         Server("mlflow", mlflow_url, f"{mlflow_url}/health",
                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
-                "--backend-store-uri", f"sqlite:///{run_dir.resolve() / 'mlflow.db'}"], {}),
+                "--backend-store-uri", f"sqlite:///{run_dir.resolve() / 'mlflow.db'}",
+                "--artifacts-destination", (run_dir.resolve() / "mlartifacts").as_uri()], {}),
     ]
 
 
@@ -66,8 +76,10 @@ def _answers(url: str) -> bool:
         return False
 
 
-def up(run_dir: Path, prefect_port: int = 4200, mlflow_port: int = 5000, timeout: float = 120) -> dict[str, str]:
-    """Start both servers (those already recorded as running are left alone); {name: URL}."""
+def up(run_dir: Path, prefect_port: int = 4200, mlflow_port: int = 5000, timeout: float = 120,
+       env: dict[str, str] | None = None) -> dict[str, str]:
+    """Start both servers (those already recorded as running are left alone) in ``env`` (default
+    this process's environment); {name: URL}."""
     folder = run_dir / "servers"
     folder.mkdir(parents=True, exist_ok=True)
     running = {name: rec for name, rec in _read(folder).items() if _alive(rec["pid"])}
@@ -79,7 +91,8 @@ def up(run_dir: Path, prefect_port: int = 4200, mlflow_port: int = 5000, timeout
             raise ServerError(f"{server.name}: port {server.url.rsplit(':', 1)[1]} on 127.0.0.1 is taken; "
                               f"choose another with --{server.name}-port")
         log = folder / f"{server.name}.log"
-        proc = subprocess.Popen(server.command, env={**os.environ, **server.env}, stdout=log.open("w"),
+        proc = subprocess.Popen(server.command, env={**(os.environ if env is None else env), **server.env},
+                                stdout=log.open("w"),
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         started[server.name] = {"pid": proc.pid, "url": server.url, "health": server.health, "log": str(log)}
         _write(folder, {**running, **started})

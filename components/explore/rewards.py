@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -26,12 +27,20 @@ def exact_match(response: str, task: Task) -> float:
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> list:
+    """math-verify's reading of ``text``; a gold answer is parsed once for its whole group. No
+    timeouts: math-verify's use signal.alarm, which only works in the main thread."""
+    from math_verify import parse
+
+    return parse(text, parsing_timeout=None)
+
+
 def math_verify(response: str, task: Task) -> float:
     from math_verify import parse, verify
 
-    # no timeouts: math-verify's use signal.alarm, which only works in the main thread
     answer = parse(response, parsing_timeout=None)
-    return float(bool(answer) and verify(parse(task.answer, parsing_timeout=None), answer, timeout_seconds=None))
+    return float(bool(answer) and verify(_parsed(task.answer), answer, timeout_seconds=None))
 
 
 def make_reward_fn(name: str, taskset_source: str) -> RewardFn:

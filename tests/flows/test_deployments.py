@@ -8,12 +8,9 @@ server: the run, its metrics and the registered version (promoted after the camp
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -25,62 +22,39 @@ DEPLOYMENTS = {"rft_campaign/rft-campaign", "rft_campaign/evaluate", "rft_campai
                "rft_campaign/arith-mix-trainer", "promote_model/promote-model"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, seconds: float = 120) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{proc.args[:4]} exited {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer in {seconds} s: {log.read_text()[-2000:]}")
-
-
 @pytest.fixture(scope="module")
 def servers(cli_env, tmp_path_factory):
-    """A real ``prefect server start`` with its services (they record task runs from events), a real
-    ``mlflow server`` (SQLite, artifacts served), the deployments of prefect.yaml and a process
-    worker on pool ``rftflow`` whose runs track to the MLflow server (``MLFLOW_TRACKING_URI``)."""
+    """A real ``prefect server start`` with its services (they record task runs from events) and a
+    real ``mlflow server`` (SQLite, artifacts served), started as ``rftflow up`` starts them; the
+    deployments of prefect.yaml, and a process worker on pool ``rftflow`` whose runs track to the
+    MLflow server (``MLFLOW_TRACKING_URI``)."""
+    from flows.servers import down, free_port, up
+
     work = tmp_path_factory.mktemp("deployments")
-    prefect_port, mlflow_port = _free_port(), _free_port()
-    prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
-    env = {**cli_env, "PREFECT_HOME": str(work / "prefect"), "PREFECT_API_URL": prefect_url, "RFTFLOW_HOME": str(ROOT),
-           "MLFLOW_TRACKING_URI": mlflow_url, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
-    logs = {name: work / f"{name}.log" for name in ("prefect", "mlflow", "worker")}
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                               str(prefect_port)], env=env, stdout=logs["prefect"].open("w"), stderr=subprocess.STDOUT)
-    mlflow = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
-                               "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
-                               "--artifacts-destination", (work / "mlartifacts").as_uri()],
-                              env=env, stdout=logs["mlflow"].open("w"), stderr=subprocess.STDOUT)
+    env = {**cli_env, "PREFECT_HOME": str(work / "prefect"), "RFTFLOW_HOME": str(ROOT),
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
     worker = None
     try:
-        _wait_http(f"{prefect_url}/health", server, logs["prefect"])
-        _wait_http(f"{mlflow_url}/health", mlflow, logs["mlflow"])
+        urls = up(work, free_port(), free_port(), env=env)
+        prefect_url, mlflow_url = f"{urls['prefect']}/api", urls["mlflow"]
+        env |= {"PREFECT_API_URL": prefect_url, "MLFLOW_TRACKING_URI": mlflow_url}
         prefect = [sys.executable, "-m", "prefect", "--no-prompt"]
         subprocess.run([*prefect, "work-pool", "create", "rftflow", "--type", "process", "--overwrite"], env=env,
                        check=True, capture_output=True, cwd=ROOT)
         deployed = subprocess.run([*prefect, "deploy", "--all"], env=env, capture_output=True, text=True, cwd=ROOT)
         assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+        worker_log = work / "worker.log"
         worker = subprocess.Popen([*prefect, "worker", "start", "--pool", "rftflow", "--type", "process"], env=env,
-                                  cwd=work, stdout=logs["worker"].open("w"), stderr=subprocess.STDOUT)
-        yield {"mlflow": mlflow_url, "prefect": prefect_url, "work": work, "worker_log": logs["worker"]}
+                                  cwd=work, stdout=worker_log.open("w"), stderr=subprocess.STDOUT)
+        yield {"mlflow": mlflow_url, "prefect": prefect_url, "work": work, "worker_log": worker_log}
     finally:
-        for proc in (worker, mlflow, server):
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        if worker is not None:
+            worker.terminate()
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        down(work)
 
 
 def run_deployment(servers: dict, name: str, parameters: dict, timeout: float = 420):

@@ -14,15 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from flows.servers import free_port
+
 pytestmark = pytest.mark.slow  # two servers start
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rftflow(*args: str, env: dict) -> subprocess.CompletedProcess:
@@ -39,7 +35,7 @@ def test_up_serves_the_run_dirs_mlflow_and_prefect_homes_runs_and_down_stops_the
     tracker.log_metrics({"reward/mean": 0.5}, step=1)
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("PREFECT_API_URL", None)
-    prefect_port, mlflow_port = _free_port(), _free_port()
+    prefect_port, mlflow_port = free_port(), free_port()
     started = rftflow("up", str(run_dir), "--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port), env=env)
     try:
         assert started.returncode == 0, started.stdout + started.stderr
@@ -72,7 +68,7 @@ def test_up_on_a_taken_port_fails_in_one_line_naming_it(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         result = rftflow("up", str(tmp_path / "run"), "--prefect-port", str(port), "--mlflow-port",
-                         str(_free_port()), env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")})
+                         str(free_port()), env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")})
     assert result.returncode == 1
     assert result.stderr.strip() == (f"error: prefect: port {port} on 127.0.0.1 is taken; choose another with "
                                      "--prefect-port")
