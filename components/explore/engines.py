@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass
@@ -67,34 +67,67 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def _generate_batch(
-        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, greedy: bool
+        self, prompts: list[list[int]], n: int, *, max_new_tokens: int, temperature: float, greedy: bool
     ) -> list[Rollout]:
-        tok = self.tokenizer
+        """``n`` responses to each of ``prompts`` (G prompts → G·n rollouts, a group's together).
+
+        A hand-written decode loop rather than ``model.generate``: each prompt is encoded once and
+        its KV cache shared by its group (``batch_repeat_interleave``), finished rows leave the
+        batch (``batch_select_indices``), and only the sampled token's log-prob is kept, not every
+        step's logits. At ``builtin:tiny``'s size ``generate``'s per-token bookkeeping (logits
+        processors, stopping criteria, kept scores) cost as much as the model
+        (``benchmarks/vs_trl.py``). Sampling is ``generate``'s: a multinomial draw from
+        softmax(logits / temperature), or the argmax when ``greedy``.
+        """
+        tok, model = self.tokenizer, self.model
+        device = next(model.parameters()).device
         width = max(map(len, prompts))
-        input_ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)  # (N, P) left-padded
-        attention = torch.zeros_like(input_ids)  # (N, P)
+        input_ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)  # (G, P) left-padded
+        attention = torch.zeros_like(input_ids)  # (G, P)
         for i, p in enumerate(prompts):
             input_ids[i, width - len(p):] = torch.tensor(p)
             attention[i, width - len(p):] = 1
-        # Sampling sets top_k=0 / top_p=1.0 explicitly: generate() replaces None with its defaults (top_k=50).
-        sampling = {} if greedy else {"temperature": temperature, "top_k": 0, "top_p": 1.0}
-        config = GenerationConfig(
-            max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True, **sampling,
-        )
-        out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
-        responses = out.sequences[:, width:]  # (N, S)
-        logits = torch.stack(out.logits, dim=1).float()  # (N, S, V)
-        scale = 1.0 if greedy else temperature
-        logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)  # (N, S)
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (G, P)
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                    past_key_values=DynamicCache(config=model.config), use_cache=True)
+        cache = out.past_key_values
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+        logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V), N = G·n
+        attention = attention.repeat_interleave(n, 0)  # (N, P)
+        position = positions[:, -1].repeat_interleave(n, 0)  # (N,)
+        rows = len(prompts) * n
+        tokens = torch.full((rows, max_new_tokens), tok.pad_token_id, dtype=torch.long)  # (N, S)
+        logprobs = torch.zeros(rows, max_new_tokens)  # (N, S)
+        lengths = torch.full((rows,), max_new_tokens, dtype=torch.long)  # (N,)
+        finished = torch.zeros(rows, dtype=torch.bool)  # (N,)
+        active = torch.arange(rows)  # rows still generating, in the cache's order
+        for step in range(max_new_tokens):
+            logp = torch.log_softmax(logits.float() / (1.0 if greedy else temperature), dim=-1)  # (A, V)
+            chosen = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)  # (A,)
+            tokens[active, step] = chosen.cpu()
+            logprobs[active, step] = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).cpu()
+            ended = (chosen == tok.eos_token_id).cpu()  # (A,)
+            lengths[active[ended]], finished[active[ended]] = step + 1, True
+            if step == max_new_tokens - 1 or bool(ended.all()):
+                break
+            if bool(ended.any()):  # finished rows leave the batch
+                keep = (~ended).nonzero().squeeze(-1)
+                active, chosen, attention, position = active[keep], chosen[keep.to(device)], \
+                    attention[keep.to(device)], position[keep.to(device)]
+                cache.batch_select_indices(keep.to(device))
+            attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=-1)
+            position = position + 1
+            out = model(input_ids=chosen.unsqueeze(-1), attention_mask=attention, position_ids=position.unsqueeze(-1),
+                        past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]
         rollouts = []
-        for i, prompt in enumerate(prompts):
-            ids = responses[i].tolist()
-            finished = tok.eos_token_id in ids
-            length = ids.index(tok.eos_token_id) + 1 if finished else len(ids)
+        for i in range(rows):
+            ids, length = tokens[i].tolist(), int(lengths[i])
             rollouts.append(Rollout(
-                prompt_ids=list(prompt), response_ids=ids[:length], logprobs=logprobs[i, :length].tolist(),
-                text=tok.decode(ids[:length], skip_special_tokens=True), finished=finished,
+                prompt_ids=list(prompts[i // n]), response_ids=ids[:length], logprobs=logprobs[i, :length].tolist(),
+                text=tok.decode(ids[:length], skip_special_tokens=True), finished=bool(finished[i]),
             ))
         return rollouts
 
@@ -102,20 +135,20 @@ class HFRolloutEngine:
         self, prompts: list[str], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
         greedy: bool = False,
     ) -> list[list[Rollout]]:
-        """``n`` responses per prompt (a group), sampled, or greedy when ``greedy``."""
+        """``n`` responses per prompt (a group), sampled, or greedy when ``greedy``; at most
+        ``batch_size`` rows (and at least one group) per batch."""
         encoded = [self.encode(p) for p in prompts]
-        flat = [ids for ids in encoded for _ in range(n)]
         # Sort by prompt length so each batch pads little; restore order after.
-        order = sorted(range(len(flat)), key=lambda i: len(flat[i]))
-        results: list[Rollout | None] = [None] * len(flat)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start: start + self.batch_size]
-            batch = self._generate_batch(
-                [flat[i] for i in chunk], max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy
-            )
-            for i, rollout in zip(chunk, batch):
-                results[i] = rollout
-        return [results[g * n: (g + 1) * n] for g in range(len(prompts))]  # type: ignore[misc]
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        per_batch = max(1, self.batch_size // n)
+        groups: list[list[Rollout] | None] = [None] * len(encoded)
+        for start in range(0, len(order), per_batch):
+            chunk = order[start: start + per_batch]
+            batch = self._generate_batch([encoded[i] for i in chunk], n, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, greedy=greedy)
+            for j, i in enumerate(chunk):
+                groups[i] = batch[j * n: (j + 1) * n]
+        return groups  # type: ignore[return-value]
 
 
 class OpenAIRolloutEngine:
