@@ -135,6 +135,11 @@ class AlgorithmConfig(_Section):
         "and explore more tasks until `explorer.tasks_per_round` groups with signal are found "
         "(at most `explorer.max_explore_batches` batches).",
     )
+    lr_scale: float | None = Field(
+        None, gt=0, description="The rounds' learning rate is this × the trainer's (`trainer.lr`, cosine to "
+        "`trainer.min_lr`). Preset default: 0.1 for the policy-gradient presets without expert rows (grpo, "
+        "dr_grpo, dapo, rloo, reinforce_pp, gspo, opmd, ppo, dpo), 1 for sft and mix.",
+    )
     beta: float = Field(0.1, gt=0, description="DPO: β, the strength of the implicit KL to the reference model.")
     value_clip: float | None = Field(
         0.2, gt=0, description="PPO critic: clip the new value to old ± this in the value loss (None: no clip)."

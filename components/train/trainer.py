@@ -148,11 +148,12 @@ class Trainer:
             group["lr"] = lr
 
     def round_lr(self, round_no: int, rounds: int) -> float:
-        """``lr`` constant, or with ``min_lr`` a cosine from ``lr`` (round 1) to ``min_lr`` (last round)."""
-        lr, floor = self.cfg.lr, self.cfg.min_lr
+        """``lr_scale`` × (``lr`` constant, or with ``min_lr`` a cosine from ``lr`` (round 1) to
+        ``min_lr`` (last round)); ``lr_scale`` is the algorithm's."""
+        lr, floor, scale = self.cfg.lr, self.cfg.min_lr, self.algorithm.lr_scale
         if floor is None or rounds <= 1:
-            return lr
-        return cosine(lr, floor, (round_no - 1) / (rounds - 1))
+            return scale * lr
+        return scale * cosine(lr, floor, (round_no - 1) / (rounds - 1))
 
     def train(self, rows: Sequence[Row], steps: Sequence[Sequence[int]]) -> dict[str, float]:
         """One round's update: advantages over ``rows`` (explorer rows; expert rows get 0), then one

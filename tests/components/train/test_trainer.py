@@ -30,6 +30,18 @@ def test_round_learning_rate_follows_a_cosine_to_min_lr(tiny):
     assert constant.round_lr(7, 11) == pytest.approx(1e-3)
 
 
+def test_policy_gradient_presets_step_at_their_lr_scale(tiny):
+    model, tokenizer = tiny
+    config = TrainerConfig(lr=1e-3, min_lr=1e-5)
+    grpo = Trainer(copy.deepcopy(model), tokenizer.pad_token_id, config, resolve("grpo"))
+    assert grpo.round_lr(1, 11) == pytest.approx(1e-4)
+    assert grpo.round_lr(11, 11) == pytest.approx(1e-6)
+    chosen = Trainer(copy.deepcopy(model), tokenizer.pad_token_id, config, resolve("grpo", lr_scale=0.5))
+    assert chosen.round_lr(1, 11) == pytest.approx(5e-4)
+    assert Trainer(copy.deepcopy(model), tokenizer.pad_token_id, config, resolve("mix")).round_lr(1, 11) == \
+        pytest.approx(1e-3)
+
+
 def test_sft_steps_change_the_weights_and_lower_the_loss(tiny):
     model, tokenizer = tiny
     policy = copy.deepcopy(model)
