@@ -40,3 +40,33 @@ def test_sampling_draws_from_the_full_distribution_not_top_k(tiny):
     torch.manual_seed(0)
     groups = HFRolloutEngine(model, tokenizer).generate(["7 ="], n=512, max_new_tokens=1, temperature=1.0)
     assert len({g.response_ids[0] for g in groups[0]}) > 100
+
+
+def test_rows_that_finish_early_leave_the_batch_and_keep_exact_logprobs(tiny):
+    # A hook makes EOS likely at every step (in generation and in the recomputation alike), so rows
+    # end at different lengths: the loop drops them from its batch and KV cache as they finish.
+    model, tokenizer = tiny
+    eos = tokenizer.eos_token_id
+
+    def favour_eos(_module, _inputs, logits):
+        logits[..., eos] += 5.0
+        return logits
+
+    hook = model.lm_head.register_forward_hook(favour_eos)
+    try:
+        torch.manual_seed(1)
+        groups = HFRolloutEngine(model, tokenizer).generate(["1 + 2 =", "34 - 5 ="], n=8, max_new_tokens=8)
+        rollouts = [r for g in groups for r in g]
+        lengths = {len(r.response_ids) for r in rollouts}
+        assert len(lengths) > 2, lengths  # rows finished at several different steps
+        for r in rollouts:
+            assert r.finished == (r.response_ids[-1] == eos) and (r.finished or len(r.response_ids) == 8)
+            assert eos not in r.response_ids[:-1]
+        batch = batch_tensors([{"prompt_ids": r.prompt_ids, "response_ids": r.response_ids} for r in rollouts],
+                              tokenizer.pad_token_id)
+        with torch.no_grad():
+            recomputed = response_logprobs(model, batch)  # (B, R)
+    finally:
+        hook.remove()
+    for i, r in enumerate(rollouts):
+        assert_close(recomputed[i, :len(r.logprobs)], torch.tensor(r.logprobs), atol=2e-4, rtol=1e-4)
