@@ -1,0 +1,225 @@
+"""rftflow against TRL's ``GRPOTrainer`` on identical work: samples/s, s/step, peak RSS, accuracy.
+
+The work, the same on both sides: one start model directory, reasoning-gym chain_sum (2 terms, at
+most 2 digits, prompt "{expression} ="), 8 prompts x 8 sampled responses per step, temperature 1,
+``--tokens`` new tokens at most, GRPO advantages (group mean and std), token-mean clipped loss,
+beta = 0 (no reference model), AdamW at a constant lr 1e-3 with no weight decay, gradient norm
+clipped to 1, one optimizer step per step, ``--steps`` steps. Each side runs in its own process
+with ``--threads`` torch threads; the figures:
+
+- samples/s: steps x 64 / the wall time of the steps (TRL: ``trainer.train()``; rftflow's round
+  loop: ``Campaign.run_round`` for every round; the flow: ``rftflow run``'s rounds, its
+  ``rounds_wall_seconds``, which also hold its final evaluation, checkpoint and registration);
+- peak RSS of the process;
+- held-out greedy accuracy (the same 200 tasks, rftflow's evaluator) after the steps.
+
+The start model: ``--init warm`` (default) is ``builtin:tiny`` after 1000 SFT steps on
+demonstrations, made once by rftflow and saved as a Hugging Face directory, so accuracy means
+something (``--init tiny``: the random ``builtin:tiny``, on which no side learns in 40 steps).
+
+    pip install -e '.[trl]'
+    python benchmarks/vs_trl.py                       # 8 and 32 new tokens, 40 steps
+    python benchmarks/vs_trl.py --tokens 8 --sides trl,loop
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "arith-mix.yaml"
+PROMPTS, GROUP = 8, 8
+SIDES = ("trl", "loop", "flow")
+
+
+def overrides(model_dir: str, tokens: int, steps: int, seed: int, threads: int) -> list[str]:
+    """rftflow's config for the work above (over configs/arith-mix.yaml)."""
+    return [f"model.path={model_dir}", "algorithm.name=grpo", "buffer.expert_per_round=0",
+            f"explorer.tasks_per_round={PROMPTS}", f"explorer.repeat_times={GROUP}", f"explorer.max_new_tokens={tokens}",
+            "trainer.lr=1e-3", "trainer.min_lr=null", "trainer.weight_decay=0.0", f"trainer.micro_batch_size={PROMPTS * GROUP}",
+            "trainer.warmup_steps=0", f"rounds={steps}", f"seed={seed}", f"threads={threads}",
+            f"eval.every={steps}", f"checkpoint.every={steps}", "promotion.after_campaign=false"]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def held_out(cfg):
+    """The held-out tasks, the reward function and the evaluator rftflow uses."""
+    from components.data.tasksets import load_tasks
+    from components.explore.rewards import make_reward_fn
+
+    return load_tasks(cfg.taskset, cfg.seed, cfg.contracts), make_reward_fn(cfg.reward.function, cfg.taskset.source)
+
+
+def accuracy(model, tokenizer, cfg, tasks, reward_fn) -> float:
+    from components.explore import explorer
+    from components.explore.engines import HFRolloutEngine
+
+    return explorer.evaluate(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)["eval/accuracy"]
+
+
+def side_trl(cfg, args) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    taskset, reward_fn = held_out(cfg)
+    by_prompt = {t.prompt: t for t in taskset.train}
+
+    def reward(prompts, completions, **_):
+        return [reward_fn(c, by_prompt[p]) for p, c in zip(prompts, completions)]
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="vs-trl-"), use_cpu=True, seed=args.seed, max_steps=args.steps,
+        per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP, max_completion_length=args.tokens,
+        temperature=1.0, top_k=0, top_p=1.0, learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=1.0, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
+        report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+    )
+    data = Dataset.from_list([{"prompt": t.prompt} for t in taskset.train])
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "accuracy": accuracy(trainer.model, tokenizer, cfg, taskset.held_out, reward_fn)}
+
+
+def side_loop(cfg, args) -> dict:
+    from components.campaign import Campaign
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        campaign = Campaign(cfg, run_dir)
+        campaign.prepare()
+        campaign.warm_start()  # no steps: publishes the start weights
+        start = time.perf_counter()
+        for r in range(1, args.steps + 1):
+            campaign.run_round(r)
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, "accuracy": campaign.evaluate()["eval/accuracy"]}
+
+
+def side_flow(cfg, args) -> dict:
+    with tempfile.TemporaryDirectory() as run_dir:
+        sets = [a for o in overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads) for a in ("--set", o)]
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(CONFIG), "--run-dir", run_dir,
+                               "--no-progress", *sets], capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - start
+        if done.returncode:
+            raise SystemExit(f"rftflow run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        return {"seconds": summary["rounds_wall_seconds"], "accuracy": summary["eval_accuracy_after"],
+                "start_up_s": wall - summary["rounds_wall_seconds"], "peak_rss_mb": rss}
+
+
+def make_warm_start(model_dir: str, args) -> float:
+    """``builtin:tiny`` after 1000 SFT steps on demonstrations (rftflow's warm start), saved to ``model_dir``."""
+    from components.campaign import Campaign
+    from components.config import load_config
+
+    cfg = load_config(CONFIG, ["name=vs-trl-warm", f"seed={args.seed}", "trainer.warmup_steps=1000",
+                               f"threads={args.threads}", "algorithm.name=grpo", "buffer.expert_per_round=0"])
+    with tempfile.TemporaryDirectory() as run_dir:
+        campaign = Campaign(cfg, run_dir)
+        campaign.prepare()
+        campaign.warm_start()
+        campaign.trainer.unwrapped.save_pretrained(model_dir)
+        campaign.tokenizer.save_pretrained(model_dir)
+        return campaign.evaluate()["eval/accuracy"]
+
+
+def child(args) -> None:
+    """One side, in this process: prints one JSON line."""
+    import torch
+
+    import flows  # noqa: F401  (quiet service defaults)
+    from components.config import load_config
+
+    torch.set_num_threads(args.threads)
+    cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads)])
+    result = {"side_trl": side_trl, "side_loop": side_loop, "side_flow": side_flow}[f"side_{args.side}"](cfg, args)
+    result.setdefault("peak_rss_mb", peak_rss_mb())
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_side(side: str, model_dir: str, tokens: int, args) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    done = subprocess.run([sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--tokens", str(tokens),
+                           "--steps", str(args.steps), "--seed", str(args.seed), "--threads", str(args.threads)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode or not lines:
+        raise SystemExit(f"side {side} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="8,32", help="max new tokens, one setting per value")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--init", choices=("warm", "tiny"), default="warm")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        args.tokens = int(args.tokens)
+        return child(args)
+
+    import flows  # noqa: F401
+    from components.explore.models import resolve_model_path
+
+    sides = args.sides.split(",")
+    with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as warm_dir:
+        if args.init == "warm":
+            import torch
+
+            torch.set_num_threads(args.threads)
+            start = time.perf_counter()
+            before = make_warm_start(warm_dir, args)
+            model_dir = warm_dir
+            print(f"start model: builtin:tiny + 1000 SFT steps, held-out accuracy {before:.3f} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+        else:
+            model_dir = resolve_model_path("builtin:tiny")
+        rows = []
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            results = {}
+            for side in sides:
+                results[side] = r = run_side(side, model_dir, tokens, args)
+                r["samples_per_s"] = args.steps * PROMPTS * GROUP / r["seconds"]
+                print(f"{tokens} tokens, {side}: {r['samples_per_s']:.0f} samples/s, {r['seconds'] / args.steps:.3f} s/step, "
+                      f"peak RSS {r['peak_rss_mb']:.0f} MB, accuracy {r['accuracy']:.3f}", flush=True)
+            rows.append((tokens, results))
+    print(f"\n{args.steps} steps of {PROMPTS} prompts x {GROUP} responses, {args.threads} threads, seed {args.seed}, "
+          f"start model {args.init}\n")
+    print("| new tokens | side | samples/s | s/step | peak RSS MB | accuracy | vs TRL |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for tokens, results in rows:
+        base = results.get("trl", {}).get("samples_per_s")
+        for side, r in results.items():
+            ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
+            print(f"| {tokens} | {side} | {r['samples_per_s']:.0f} | {r['seconds'] / args.steps:.3f} | "
+                  f"{r['peak_rss_mb']:.0f} | {r['accuracy']:.3f} | {ratio} |")
+        if "loop" in results and "flow" in results:
+            print(f"| {tokens} | flow / loop time | {results['flow']['seconds'] / results['loop']['seconds']:.2f} | | | | "
+                  f"start-up {results['flow']['start_up_s']:.0f} s |")
+
+
+if __name__ == "__main__":
+    main()
