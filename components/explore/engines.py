@@ -4,7 +4,7 @@ Every engine has ``encode(prompt)``, ``generate(prompts, n=, max_new_tokens=, te
 greedy=)`` → groups of ``Rollout`` (token ids and each sampled token's log-prob), and
 ``load_state_dict(weights)``, which weight sync calls with the trainer's newest weights.
 
-- ``hf``: transformers ``generate`` in batches with a KV cache, in this process.
+- ``hf``: a transformers model in this process, a batched decode loop with a KV cache.
 - ``openai``: an OpenAI-compatible completions server (``vllm serve``), over HTTP.
 - ``vllm``: vLLM in this process, on a GPU.
 
@@ -71,13 +71,13 @@ class HFRolloutEngine:
     ) -> list[Rollout]:
         """``n`` responses to each of ``prompts`` (G prompts → G·n rollouts, a group's together).
 
-        A hand-written decode loop rather than ``model.generate``: each prompt is encoded once and
-        its KV cache shared by its group (``batch_repeat_interleave``), finished rows leave the
-        batch (``batch_select_indices``), and only the sampled token's log-prob is kept, not every
-        step's logits. At ``builtin:tiny``'s size ``generate``'s per-token bookkeeping (logits
-        processors, stopping criteria, kept scores) cost as much as the model
-        (``benchmarks/vs_trl.py``). Sampling is ``generate``'s: a multinomial draw from
-        softmax(logits / temperature), or the argmax when ``greedy``.
+        A decode loop of its own rather than ``model.generate``, for three things ``generate`` does
+        not do: each prompt is encoded once and its KV cache shared by its group
+        (``batch_repeat_interleave``); a row that has emitted EOS leaves the batch and the cache
+        (``batch_select_indices``) instead of being computed until the longest row ends; only the
+        sampled token's log-prob is kept, not every step's (N, V) logits. Sampling is
+        ``generate``'s: a multinomial draw from softmax(logits / temperature), or the argmax when
+        ``greedy``.
         """
         tok, model = self.tokenizer, self.model
         device = next(model.parameters()).device
