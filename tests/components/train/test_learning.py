@@ -23,7 +23,7 @@ def test_grpo_raises_reward_on_an_easy_task(tmp_path, default_config):
     campaign = Campaign(default_config, tmp_path, [
         "name=learn", "seed=0", f"taskset.source={comparison_tasks(tmp_path / 'cmp.jsonl')}",
         "taskset.eval_size=10", "taskset.prompt_template={question}=", "reward.function=exact_match",
-        "algorithm.name=grpo", "trainer.lr=1e-3", "trainer.micro_batch_size=32", "trainer.warmup_steps=10",
+        "algorithm.name=grpo", "algorithm.lr_scale=1", "trainer.lr=1e-3", "trainer.micro_batch_size=32", "trainer.warmup_steps=10",
         "explorer.tasks_per_round=16", "explorer.repeat_times=8", "explorer.max_new_tokens=3",
     ])
     campaign.prepare()
