@@ -44,7 +44,7 @@ from components.train.trainer import Trainer
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
 SETTINGS = {
     "default": [],
-    "trl-sized": ["algorithm.name=grpo", "buffer.expert_per_round=0", "explorer.tasks_per_round=8",
+    "trl-sized": ["algorithm.name=grpo", "algorithm.lr_scale=1", "buffer.expert_per_round=0", "explorer.tasks_per_round=8",
                   "explorer.repeat_times=8", "explorer.max_new_tokens=8", "trainer.lr=1e-3", "trainer.min_lr=null",
                   "trainer.weight_decay=0.0", "trainer.micro_batch_size=64"],
 }

@@ -42,7 +42,7 @@ SIDES = ("trl", "loop", "flow")
 
 def overrides(model_dir: str, tokens: int, steps: int, seed: int, threads: int) -> list[str]:
     """rftflow's config for the work above (over configs/arith-mix.yaml)."""
-    return [f"model.path={model_dir}", "algorithm.name=grpo", "buffer.expert_per_round=0",
+    return [f"model.path={model_dir}", "algorithm.name=grpo", "algorithm.lr_scale=1", "buffer.expert_per_round=0",
             f"explorer.tasks_per_round={PROMPTS}", f"explorer.repeat_times={GROUP}", f"explorer.max_new_tokens={tokens}",
             "trainer.lr=1e-3", "trainer.min_lr=null", "trainer.weight_decay=0.0", f"trainer.micro_batch_size={PROMPTS * GROUP}",
             "trainer.warmup_steps=0", f"rounds={steps}", f"seed={seed}", f"threads={threads}",
