@@ -137,8 +137,8 @@ class AlgorithmConfig(_Section):
     )
     lr_scale: float | None = Field(
         None, gt=0, description="The rounds' learning rate is this × the trainer's (`trainer.lr`, cosine to "
-        "`trainer.min_lr`). Preset default: 0.1 for the policy-gradient presets without expert rows (grpo, "
-        "dr_grpo, dapo, rloo, reinforce_pp, gspo, opmd, ppo, dpo), 1 for sft and mix.",
+        "`trainer.min_lr`). Preset default: 0.1 for the presets that train on explorer rows alone, 1 for "
+        "those with expert rows (sft, mix).",
     )
     beta: float = Field(0.1, gt=0, description="DPO: β, the strength of the implicit KL to the reference model.")
     value_clip: float | None = Field(

@@ -32,12 +32,17 @@ class Preset:
     ratio_level: str = "token"
     tau: float = 1.0
     dynamic_sampling: bool = False
-    lr_scale: float = 1.0  # the rounds' learning rate is lr_scale × the trainer's
     uses_explorer: bool = True  # trains on explorer rows
     uses_expert: bool = False  # trains on expert rows (demonstrations, well-rated human rows)
 
+    @property
+    def lr_scale(self) -> float:
+        """The rounds' learning rate is this × the trainer's: ``RL_LR_SCALE`` for a preset that trains
+        on explorer rows alone, 1 for one with expert rows (sft, mix)."""
+        return 1.0 if self.uses_expert else RL_LR_SCALE
 
-# Policy-gradient presets without expert rows step at a tenth of ``trainer.lr`` (``lr_scale``): the
+
+# Presets that train on explorer rows alone step at a tenth of ``trainer.lr`` (``Preset.lr_scale``): the
 # trainer's rate is set for supervised steps (the warm start decays to it, MIX's SFT term uses it), and
 # a policy-gradient step at that rate overshoots. Measured on the default task from a 1000-step warm
 # start (seed 0): GRPO at 5e-4 fell 0.345 -> 0.035 in 30 rounds; at 1e-4 and below it rose to 0.55-0.60.
@@ -45,27 +50,25 @@ class Preset:
 RL_LR_SCALE = 0.1
 PRESETS: dict[str, Preset] = {
     "sft": Preset(advantage=None, loss="sft", uses_explorer=False, uses_expert=True),
-    "grpo": Preset(advantage="grpo", loss="ppo_clip", lr_scale=RL_LR_SCALE),
+    "grpo": Preset(advantage="grpo", loss="ppo_clip"),
     # Dr. GRPO (arXiv:2503.20783): no std division, constant length normaliser.
     "dr_grpo": Preset(advantage="grpo", advantage_options={"std_normalize": False}, loss="ppo_clip",
-                      agg="seq-mean-token-sum-norm", lr_scale=RL_LR_SCALE),
+                      agg="seq-mean-token-sum-norm"),
     # DAPO (arXiv:2503.14476): clip-higher, token-level loss, dynamic sampling.
-    "dapo": Preset(advantage="grpo", loss="ppo_clip", clip_high=0.28, dynamic_sampling=True, lr_scale=RL_LR_SCALE),
-    "rloo": Preset(advantage="rloo", loss="ppo_clip", lr_scale=RL_LR_SCALE),
-    "reinforce_pp": Preset(advantage="reinforce_pp", advantage_options={"baseline": True}, loss="ppo_clip",
-                           lr_scale=RL_LR_SCALE),
+    "dapo": Preset(advantage="grpo", loss="ppo_clip", clip_high=0.28, dynamic_sampling=True),
+    "rloo": Preset(advantage="rloo", loss="ppo_clip"),
+    "reinforce_pp": Preset(advantage="reinforce_pp", advantage_options={"baseline": True}, loss="ppo_clip"),
     # GSPO (arXiv:2507.18071): sequence-level ratio, tiny clip range, sequence-mean loss.
     "gspo": Preset(advantage="grpo", loss="ppo_clip", ratio_level="sequence", clip_low=3e-4, clip_high=4e-4,
-                   agg="seq-mean-token-mean", lr_scale=RL_LR_SCALE),
+                   agg="seq-mean-token-mean"),
     # OPMD (Trinity-RFT; Kimi k1.5): soft-max group baseline, −A·log π / (1 + τ).
-    "opmd": Preset(advantage="opmd", loss="opmd", lr_scale=RL_LR_SCALE),
+    "opmd": Preset(advantage="opmd", loss="opmd"),
     # MIX (Trinity-RFT): (1 − mu)·GRPO on explorer rows + mu·SFT on expert rows.
     "mix": Preset(advantage="grpo", loss="mix", uses_expert=True),
     # PPO (arXiv:1707.06347) with a critic: token-level GAE advantages, clipped value loss.
-    "ppo": Preset(advantage="gae", advantage_options={"gamma": 1.0, "lam": 0.95}, loss="ppo_clip",
-                  lr_scale=RL_LR_SCALE),
+    "ppo": Preset(advantage="gae", advantage_options={"gamma": 1.0, "lam": 0.95}, loss="ppo_clip"),
     # Online DPO (arXiv:2305.18290): each group's best vs worst responses as (chosen, rejected) pairs.
-    "dpo": Preset(advantage=None, loss="dpo", lr_scale=RL_LR_SCALE),
+    "dpo": Preset(advantage=None, loss="dpo"),
 }
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
 
@@ -123,7 +126,7 @@ class Algorithm:
                 "ratio_level": self.ratio_level, "agg": self.agg, "tau": self.tau, "mu": self.mu, "beta": self.beta}
 
 
-_PRESET_KEYS = {f.name for f in fields(Preset)} - {"uses_explorer", "uses_expert"}
+_PRESET_KEYS = {f.name for f in fields(Preset)} - {"uses_explorer", "uses_expert"} | {"lr_scale"}
 _OWN_KEYS = {"mu", "beta", "value_clip", "kl_coef", "kl_kind", "kl_mode", "entropy_coef", "max_staleness"}
 
 
