@@ -101,7 +101,6 @@ class HFRolloutEngine:
         tokens = torch.full((rows, max_new_tokens), tok.pad_token_id, dtype=torch.long)  # (N, S)
         logprobs = torch.zeros(rows, max_new_tokens)  # (N, S)
         lengths = torch.full((rows,), max_new_tokens, dtype=torch.long)  # (N,)
-        finished = torch.zeros(rows, dtype=torch.bool)  # (N,)
         active = torch.arange(rows)  # rows still generating, in the cache's order
         for step in range(max_new_tokens):
             logp = torch.log_softmax(logits.float() / (1.0 if greedy else temperature), dim=-1)  # (A, V)
@@ -109,14 +108,14 @@ class HFRolloutEngine:
             tokens[active, step] = chosen.cpu()
             logprobs[active, step] = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).cpu()
             ended = (chosen == tok.eos_token_id).cpu()  # (A,)
-            lengths[active[ended]], finished[active[ended]] = step + 1, True
+            lengths[active[ended]] = step + 1
             if step == max_new_tokens - 1 or bool(ended.all()):
                 break
             if bool(ended.any()):  # finished rows leave the batch
                 keep = (~ended).nonzero().squeeze(-1)
-                active, chosen, attention, position = active[keep], chosen[keep.to(device)], \
-                    attention[keep.to(device)], position[keep.to(device)]
-                cache.batch_select_indices(keep.to(device))
+                active, on_device = active[keep], keep.to(device)
+                chosen, attention, position = chosen[on_device], attention[on_device], position[on_device]
+                cache.batch_select_indices(on_device)
             attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=-1)
             position = position + 1
             out = model(input_ids=chosen.unsqueeze(-1), attention_mask=attention, position_ids=position.unsqueeze(-1),
@@ -124,10 +123,10 @@ class HFRolloutEngine:
             logits = out.logits[:, -1]
         rollouts = []
         for i in range(rows):
-            ids, length = tokens[i].tolist(), int(lengths[i])
+            ids = tokens[i, :int(lengths[i])].tolist()
             rollouts.append(Rollout(
-                prompt_ids=list(prompts[i // n]), response_ids=ids[:length], logprobs=logprobs[i, :length].tolist(),
-                text=tok.decode(ids[:length], skip_special_tokens=True), finished=bool(finished[i]),
+                prompt_ids=list(prompts[i // n]), response_ids=ids, logprobs=logprobs[i, :len(ids)].tolist(),
+                text=tok.decode(ids, skip_special_tokens=True), finished=ids[-1] == tok.eos_token_id,
             ))
         return rollouts
 
