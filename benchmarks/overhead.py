@@ -40,13 +40,12 @@ from components.campaign import ROUND, Campaign
 from components.explore.engines import HFRolloutEngine
 from components.run import CampaignRun
 from components.train.trainer import Trainer
+from vs_trl import WORK as TRL_WORK  # benchmarks/ is on sys.path when a script in it runs
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
 SETTINGS = {
     "default": [],
-    "trl-sized": ["algorithm.name=grpo", "algorithm.lr_scale=1", "buffer.expert_per_round=0", "explorer.tasks_per_round=8",
-                  "explorer.repeat_times=8", "explorer.max_new_tokens=8", "trainer.lr=1e-3", "trainer.min_lr=null",
-                  "trainer.weight_decay=0.0", "trainer.micro_batch_size=64"],
+    "trl-sized": [*TRL_WORK, "explorer.max_new_tokens=8"],
 }
 STEPS_IN_ROUNDS = (*ROUND, "evaluate", "checkpoint")
 FIRST_ROUND = 2  # round 1 also pays one-time costs (the taskset read into memory): not counted
@@ -153,7 +152,7 @@ def measure(setting: str, args: argparse.Namespace) -> None:
     for step, n, wall, compute, data, tracking in rows:
         print(f"| {step} | {n} | {wall:.2f} | {compute:.2f} | {data:.2f} | {tracking:.2f} | "
               f"{(wall - compute) / wall:.1%} |")
-    print(f"| Prefect (between steps) | | {prefect:.2f} | | | | 100% |")
+    print(f"| Prefect and the flow (between steps) | | {prefect:.2f} | | | | 100% |")
     orchestration = prefect + totals["tracking"]
     print(f"\n{setting}: non-compute {1 - totals['compute'] / span:.1%} of the rounds' wall time: "
           f"orchestration (Prefect {prefect / span:.1%} + MLflow and state {totals['tracking'] / span:.1%}) "

@@ -40,21 +40,25 @@ PROMPTS, GROUP = 8, 8
 SIDES = ("trl", "loop", "flow")
 
 
+# The work above as rftflow config keys (over configs/arith-mix.yaml), but for the new tokens
+WORK = ["algorithm.name=grpo", "algorithm.lr_scale=1", "buffer.expert_per_round=0",
+        f"explorer.tasks_per_round={PROMPTS}", f"explorer.repeat_times={GROUP}", "trainer.lr=1e-3",
+        "trainer.min_lr=null", "trainer.weight_decay=0.0", f"trainer.micro_batch_size={PROMPTS * GROUP}"]
+
+
 def overrides(model_dir: str, tokens: int, steps: int, seed: int, threads: int) -> list[str]:
-    """rftflow's config for the work above (over configs/arith-mix.yaml)."""
-    return [f"model.path={model_dir}", "algorithm.name=grpo", "algorithm.lr_scale=1", "buffer.expert_per_round=0",
-            f"explorer.tasks_per_round={PROMPTS}", f"explorer.repeat_times={GROUP}", f"explorer.max_new_tokens={tokens}",
-            "trainer.lr=1e-3", "trainer.min_lr=null", "trainer.weight_decay=0.0", f"trainer.micro_batch_size={PROMPTS * GROUP}",
-            "trainer.warmup_steps=0", f"rounds={steps}", f"seed={seed}", f"threads={threads}",
-            f"eval.every={steps}", f"checkpoint.every={steps}", "promotion.after_campaign=false"]
+    """rftflow's config for one run of the work above."""
+    return [f"model.path={model_dir}", *WORK, f"explorer.max_new_tokens={tokens}", "trainer.warmup_steps=0",
+            f"rounds={steps}", f"seed={seed}", f"threads={threads}", f"eval.every={steps}",
+            f"checkpoint.every={steps}", "promotion.after_campaign=false"]
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def held_out(cfg):
-    """The held-out tasks, the reward function and the evaluator rftflow uses."""
+def taskset_and_reward(cfg):
+    """The taskset splits and the reward function rftflow's campaign would use."""
     from components.data.tasksets import load_tasks
     from components.explore.rewards import make_reward_fn
 
@@ -74,7 +78,7 @@ def side_trl(cfg, args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    taskset, reward_fn = held_out(cfg)
+    taskset, reward_fn = taskset_and_reward(cfg)
     by_prompt = {t.prompt: t for t in taskset.train}
 
     def reward(prompts, completions, **_):

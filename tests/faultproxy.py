@@ -14,6 +14,8 @@ from __future__ import annotations
 import socket
 import threading
 
+from flows.servers import free_port
+
 SLOWDOWN = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
             b"Content-Length: %d\r\n\r\n%s")
 SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
@@ -23,10 +25,7 @@ SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</
 class FaultProxy:
     def __init__(self, upstream_port: int):
         self.upstream = ("127.0.0.1", upstream_port)
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
+        self.port = free_port()
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self.mode = "forward"
         self._lock = threading.Lock()
