@@ -121,8 +121,8 @@ class CampaignRun:
             self.rounds_started = start
         metrics = {k: float(v) for k, v in work().items()}
         metrics[f"time/{name}_s"] = time.perf_counter() - start
-        with self._lock:
-            self.tracker.log_metrics(metrics, step=round_no)
+        with self._lock:  # a round's stage metrics reach MLflow together, after its last stage
+            self.tracker.log_metrics(metrics, step=round_no, defer=name in self.round_stages[:-1])
             self.last_reward = metrics.get("reward/mean", self.last_reward)
             self.state.round, self.state.stage = round_no, name
             if name == self.round_stages[-1]:

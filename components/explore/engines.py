@@ -90,7 +90,7 @@ class HFRolloutEngine:
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (G, P)
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                    past_key_values=DynamicCache(config=model.config), use_cache=True)
+                    past_key_values=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         if n > 1:
             cache.batch_repeat_interleave(n)

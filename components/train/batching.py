@@ -38,13 +38,14 @@ def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 def response_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
-    """Logits that predict each response token, divided by ``temperature``: (B, R, V)."""
-    P = int(batch["prompt_len"])
-    logits = model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
-    ).logits  # (B, P+R, V)
+    """Logits that predict each response token, divided by ``temperature``: (B, R, V). The LM head
+    runs on the last R + 1 positions only (``logits_to_keep``), P − 1 … P + R − 1, not on the prompt."""
     R = batch["response_ids"].shape[1]
-    return logits[:, P - 1:P + R - 1].float() / temperature  # (B, R, V)
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
+        logits_to_keep=R + 1,
+    ).logits  # (B, R+1, V)
+    return logits[:, :R].float() / temperature  # (B, R, V)
 
 
 def response_logprobs(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
