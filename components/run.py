@@ -71,6 +71,7 @@ class CampaignRun:
         self.last_reward: float | None = None
         self.started = time.perf_counter()
         self.rounds_started: float | None = None  # when this attempt's first round stage began
+        self.rounds_ended: float | None = None  # when its latest round stage ended
         self.resumed_from: int | None = None
         self.promotion: str | None = None  # the promotion's decision, in one line
         self._lock = threading.RLock()  # async mode: two lanes record their stages at once
@@ -121,6 +122,8 @@ class CampaignRun:
             self.rounds_started = start
         metrics = {k: float(v) for k, v in work().items()}
         metrics[f"time/{name}_s"] = time.perf_counter() - start
+        if name in ROUND:
+            self.rounds_ended = time.perf_counter()
         with self._lock:  # a round's stage metrics reach MLflow together, after its last stage
             self.tracker.log_metrics(metrics, step=round_no, defer=name in self.round_stages[:-1])
             self.last_reward = metrics.get("reward/mean", self.last_reward)
@@ -285,7 +288,7 @@ class CampaignRun:
         summary = {
             "campaign": self.cfg.name, "eval_accuracy_before": before, "eval_accuracy_after": after,
             "rounds": self.cfg.rounds, "reward_mean_last_round": self.last_reward, "wall_seconds": self.wall_seconds(),
-            "rounds_wall_seconds": round(time.perf_counter() - self.rounds_started, 1) if self.rounds_started else None,
+            "rounds_wall_seconds": round(self.rounds_ended - self.rounds_started, 1) if self.rounds_started else None,
             "mlflow_tracking_uri": self.tracker.uri, "mlflow_run_id": self.tracker.run_id, "model_name": name,
             "model_version": self.state.model_version, "model_uri": f"models:/{name}/{self.state.model_version}",
             "store_url": self.campaign.store.url, "prefect_flow_run_id": self.flow_run_id or "",
