@@ -115,7 +115,7 @@ class CampaignRun:
     def stop_requested(self, signal_name: str | None) -> None:
         self.campaign.stop_requested = signal_name  # also ends a wait for the other process
 
-    # stages: each timed, logged to MLflow at step = round, recorded in the state -------------
+    # stages: each timed; metrics (MLflow, step = round) and state committed after the round's last stage
     def _tracked(self, name: str, round_no: int, work: Callable[[], dict[str, float]]) -> dict[str, float]:
         start = time.perf_counter()
         if name in ROUND and self.rounds_started is None:
@@ -124,14 +124,16 @@ class CampaignRun:
         metrics[f"time/{name}_s"] = time.perf_counter() - start
         if name in ROUND:
             self.rounds_ended = time.perf_counter()
-        with self._lock:  # a round's stage metrics reach MLflow together, after its last stage
-            self.tracker.log_metrics(metrics, step=round_no, defer=name in self.round_stages[:-1])
+        with self._lock:  # a round's stage metrics and state are committed together, after its last stage
+            within_round = name in self.round_stages[:-1]
+            self.tracker.log_metrics(metrics, step=round_no, defer=within_round)
             self.last_reward = metrics.get("reward/mean", self.last_reward)
             self.state.round, self.state.stage = round_no, name
             if name == self.round_stages[-1]:
                 self.state.rounds_done = round_no
             self.state.weight_version = self.campaign.policy_version
-            self.states.write(self.state)
+            if not within_round:
+                self.states.write(self.state)
         return metrics
 
     def steps(self) -> Iterator[tuple[str, int]]:

@@ -33,6 +33,7 @@ except (OSError, AttributeError):  # not Linux: Prefect's atexit stop is what re
     pass
 if os.getppid() != int(os.environ["RFTFLOW_PREFECT_PARENT"]):
     sys.exit(0)
+os.nice(10)
 from uvicorn.main import main
 main()
 """
