@@ -4,7 +4,9 @@ Prefect's own ephemeral API is a uvicorn process started from this one; killed w
 process leaves it running for good. ``embedded_prefect_api`` starts the same server (Prefect's
 ``SubprocessASGIServer``, on ``PREFECT_HOME``'s database, so ``prefect server start`` later shows
 every run) with the kernel told to end it when this process ends, whatever ends it (Linux's
-``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is).
+``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is), at nice 10: recording a
+task run's events costs the server ~40 ms of CPU, which at normal priority is taken from the
+campaign's compute on a small machine; lowered, it catches up when the cores are free.
 """
 
 from __future__ import annotations
