@@ -118,12 +118,12 @@ class CampaignRun:
     # stages: each timed; metrics (MLflow, step = round) and state committed after the round's last stage
     def _tracked(self, name: str, round_no: int, work: Callable[[], dict[str, float]]) -> dict[str, float]:
         start = time.perf_counter()
-        if name in ROUND and self.rounds_started is None:
-            self.rounds_started = start
         metrics = {k: float(v) for k, v in work().items()}
-        metrics[f"time/{name}_s"] = time.perf_counter() - start
-        if name in ROUND:
-            self.rounds_ended = time.perf_counter()
+        end = time.perf_counter()
+        metrics[f"time/{name}_s"] = end - start
+        if name in ROUND:  # the span of this attempt's rounds: first stage's start to latest stage's end
+            self.rounds_started = start if self.rounds_started is None else self.rounds_started
+            self.rounds_ended = end
         with self._lock:  # a round's stage metrics and state are committed together, after its last stage
             within_round = name in self.round_stages[:-1]
             self.tracker.log_metrics(metrics, step=round_no, defer=within_round)

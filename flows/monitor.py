@@ -18,7 +18,7 @@ import contextvars
 import functools
 import logging
 import re
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
@@ -71,7 +71,6 @@ class UIMonitor:
         self.name = run.cfg.name
         self._progress_id = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="rftflow-ui")  # round artifacts, in order
-        self._written: Future | None = None
 
     def _percent(self, rounds_done: int) -> float:
         return round(100.0 * rounds_done / self.run.cfg.rounds, 1)
@@ -87,7 +86,7 @@ class UIMonitor:
         """The progress and the table as of ``round_no``, written in the background (in the flow
         run's context, so they belong to it)."""
         rows, context = self.rows(), contextvars.copy_context()
-        self._written = self._writer.submit(context.run, self._write_round, round_no, rows)
+        self._writer.submit(context.run, self._write_round, round_no, rows)
 
     @_best_effort
     def _write_round(self, round_no: int, rows: list[dict[str, Any]]) -> None:
@@ -106,9 +105,7 @@ class UIMonitor:
     @_best_effort
     def summary(self, summary: dict[str, Any] | None = None, stopped: str | None = None) -> None:
         """The end: the summary's key figures, or ``stopped`` (why it ended early), with links."""
-        if self._written is not None:
-            self._written.result()  # the last round's table first
-        self._writer.shutdown()
+        self._writer.shutdown()  # waits for the rounds' artifacts: the last table comes before the summary
         run = self.run
         version = run.state.model_version if summary else None
         run_link, model_link = mlflow_links(run.tracker.uri, run.tracker.experiment_id, run.tracker.run_id,
