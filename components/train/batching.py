@@ -4,6 +4,11 @@ Layout of a batch: prompts left-padded to P, responses right-padded to R, concat
 (B, P + R); position ids count real tokens only, so every row is laid out exactly as the rollout
 engine saw it. The logits predicting response token t are at position P − 1 + t, so the response
 log-probs are read from logits[:, P−1 : P+R−1].
+
+When rows share prompts (a GRPO group's responses), the batch also carries its U distinct prompts
+(U, P_u) and each row's prompt index (B,): the policy then runs each prompt once, with gradients,
+and the responses on top of its KV cache, indexed per row — the same log-probs and gradients
+(up to float rounding) as the full layout, for (U·P_u + B·R) tokens instead of B·(P + R).
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 Row = Mapping[str, Any]
+SHARED_PROMPTS_BELOW = 0.75  # share prompts when distinct prompts / rows is below this (else it costs more)
 
 
 def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
@@ -33,14 +39,56 @@ def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
         rmask = r.get("response_mask")
         mask[i, :len(resp)] = torch.tensor(rmask, dtype=torch.float32) if rmask is not None else 1.0
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, P+R)
-    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions,
-            "response_ids": input_ids[:, P:], "mask": mask, "prompt_len": torch.tensor(P)}
+    batch = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions,
+             "response_ids": input_ids[:, P:], "mask": mask, "prompt_len": torch.tensor(P)}
+    return batch | _shared_prompts(rows, pad_id)
+
+
+def _shared_prompts(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """The distinct prompts, left-padded (U, P_u), and each row's index among them (B,); nothing
+    when too few rows share a prompt for one extra forward call to pay."""
+    distinct: dict[tuple[int, ...], int] = {}
+    index = [distinct.setdefault(tuple(r["prompt_ids"]), len(distinct)) for r in rows]
+    if len(distinct) >= SHARED_PROMPTS_BELOW * len(rows):
+        return {}
+    P = max(map(len, distinct))
+    ids = torch.full((len(distinct), P), pad_id, dtype=torch.long)  # (U, P_u)
+    attention = torch.zeros_like(ids)  # (U, P_u)
+    for i, p in enumerate(distinct):
+        ids[i, P - len(p):] = torch.tensor(p)
+        attention[i, P - len(p):] = 1
+    return {"shared_prompt_ids": ids, "shared_prompt_attention": attention, "prompt_index": torch.tensor(index)}
+
+
+def _shared_prompt_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Response logits (B, R, V) with each distinct prompt run once: the prompts' last position
+    predicts response token 0; the responses, run over the prompts' KV cache (indexed per row, so
+    gradients flow back into the shared prompt), predict tokens 1 … R − 1."""
+    prompt_attention, index = batch["shared_prompt_attention"], batch["prompt_index"]
+    R = batch["response_ids"].shape[1]
+    first = model(input_ids=batch["shared_prompt_ids"], attention_mask=prompt_attention,
+                  position_ids=(prompt_attention.cumsum(-1) - 1).clamp(min=0), use_cache=True,
+                  past_key_values=DynamicCache(config=model.config), logits_to_keep=1)  # logits (U, 1, V)
+    logits = first.logits[index]  # (B, 1, V)
+    if R > 1:
+        cache = first.past_key_values
+        cache.batch_select_indices(index)
+        P = int(batch["prompt_len"])
+        response_attention = batch["attention_mask"][:, P:P + R - 1]  # (B, R−1)
+        rest = model(input_ids=batch["response_ids"][:, :R - 1], past_key_values=cache, use_cache=True,
+                     attention_mask=torch.cat([prompt_attention[index], response_attention], -1),
+                     position_ids=prompt_attention.sum(-1)[index].unsqueeze(-1) + torch.arange(R - 1, device=index.device))
+        logits = torch.cat([logits, rest.logits], 1)  # (B, R, V)
+    return logits
 
 
 def response_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
     """Logits that predict each response token, divided by ``temperature``: (B, R, V). The LM head
-    runs on the last R + 1 positions only (``logits_to_keep``), P − 1 … P + R − 1, not on the prompt."""
+    runs on the last R + 1 positions only (``logits_to_keep``), P − 1 … P + R − 1, not on the prompt;
+    a batch with shared prompts runs each once (``_shared_prompt_logits``)."""
     R = batch["response_ids"].shape[1]
+    if "prompt_index" in batch:
+        return _shared_prompt_logits(model, batch).float() / temperature
     logits = model(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
         logits_to_keep=R + 1,
