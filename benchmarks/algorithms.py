@@ -9,6 +9,7 @@ adds config overrides for every run. Prints each seed's figures, then per preset
 over the warm start and its spread (min..max over seeds).
 
     python benchmarks/algorithms.py                                     # every preset, seeds 0-2
+    python benchmarks/algorithms.py --config configs/arith-grpo.yaml    # the GRPO-only campaign's task
     python benchmarks/algorithms.py --algorithms grpo --warmup-steps 1000 --rounds 30
     python benchmarks/algorithms.py --algorithms grpo --set algorithm.lr_scale=1   # any config override
 """
@@ -27,7 +28,7 @@ from components.algorithms.presets import PRESET_NAMES
 from components.campaign import Campaign
 from components.config import load_config
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
 
 
 def budget(algorithm: str, rows_per_round: int, repeat_times: int) -> list[str]:
@@ -45,7 +46,7 @@ def common(seed: int, args: argparse.Namespace) -> list[str]:
 
 def warm_start(seed: int, args: argparse.Namespace) -> dict:
     """The seed's warm start: trainer weights, optimizer state and held-out accuracy."""
-    cfg = load_config(CONFIG, ["name=bench-warm", f"trainer.warmup_steps={args.warmup_steps}", *common(seed, args)])
+    cfg = load_config(args.config, ["name=bench-warm", f"trainer.warmup_steps={args.warmup_steps}", *common(seed, args)])
     with tempfile.TemporaryDirectory() as run_dir:
         campaign = Campaign(cfg, run_dir)
         campaign.prepare()
@@ -59,7 +60,7 @@ def run(algorithm: str, seed: int, warm: dict, args: argparse.Namespace) -> dict
     """``algorithm``'s rounds from the warm start ``warm``: held-out accuracy after them."""
     overrides = [f"name=bench-{algorithm}", f"algorithm.name={algorithm}", "trainer.warmup_steps=0",
                  *budget(algorithm, args.rows_per_round, 8), *common(seed, args)]
-    cfg = load_config(CONFIG, overrides)
+    cfg = load_config(args.config, overrides)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
         campaign = Campaign(cfg, run_dir)
@@ -78,7 +79,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algorithms", default=",".join(PRESET_NAMES))
     parser.add_argument("--seeds", default="0,1,2")
-    default = load_config(CONFIG)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
+                        help="campaign config: the task, model, warm start and rounds (default: the default campaign's)")
+    known, _ = parser.parse_known_args()
+    default = load_config(known.config)
     parser.add_argument("--rounds", type=int, default=default.rounds)
     parser.add_argument("--warmup-steps", type=int, default=default.trainer.warmup_steps)
     parser.add_argument("--rows-per-round", type=int, default=1024)
@@ -94,7 +98,7 @@ def main() -> None:
         for algorithm in algorithms:
             r = results[algorithm][seed] = run(algorithm, seed, warm, args)
             print(f"  {algorithm}: {r['before']:.3f} -> {r['after']:.3f} ({r['seconds']:.0f} s)", flush=True)
-    print(f"\nwarm start {args.warmup_steps} SFT steps, then {args.rounds} rounds x {args.rows_per_round} rows "
+    print(f"\n{args.config.name}: warm start {args.warmup_steps} SFT steps, then {args.rounds} rounds x {args.rows_per_round} rows "
           f"{' '.join(args.set)}; held-out greedy accuracy (200 tasks); seeds {args.seeds}\n")
     print("| algorithm | after warm start (per seed) | after rounds (per seed) | gain mean | gain min..max |\n"
           "| --- | --- | --- | --- | --- |")
