@@ -1,5 +1,6 @@
 """SmolLM2-135M-Instruct (configs/smollm2-arith.yaml) trained with GRPO: held-out accuracy before and
-after, and the wall time. On a GPU machine the full recipe; on CPU a size that ends in minutes.
+after, split into format (the share of greedy answers that end within the token budget) and skill
+(the accuracy of those answers), and the wall time. On a GPU machine the full recipe; on CPU a size that ends in minutes.
 
     python benchmarks/real_model.py                     # GPU if there is one, else the CPU size
     python benchmarks/real_model.py --size cpu --rounds 6
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from mlflow import MlflowClient
 
 import flows  # noqa: F401  (quiet service defaults)
 from components.preflight import preflight
@@ -44,10 +46,18 @@ def main() -> None:
         start = time.perf_counter()
         summary = CampaignRun(preflight(CONFIG, Path(run_dir), overrides)).run()
         wall = time.perf_counter() - start
+        client = MlflowClient(summary["mlflow_tracking_uri"])
+        history = {key: [m.value for m in sorted(client.get_metric_history(summary["mlflow_run_id"], key),
+                                                  key=lambda m: m.step)]
+                   for key in ("eval/finished", "eval/accuracy_of_finished")}
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     print(f"SmolLM2-135M-Instruct, GRPO, {summary['rounds']} rounds, seed {args.seed} ({args.size} size; {device})")
     print(f"held-out accuracy  before {before:.3f}  after {after:.3f}  ({after - before:+.3f})")
+    for key, label in (("eval/finished", "answers ended within the budget"),
+                       ("eval/accuracy_of_finished", "accuracy of those answers")):
+        values = history[key]
+        print(f"{label:<33} before {values[0]:.3f}  after {values[-1]:.3f}")
     print(f"wall {wall:.0f} s ({summary['rounds_wall_seconds']} s in rounds)")
 
 

@@ -63,13 +63,24 @@ def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, re
     return table.set_column(table.schema.get_field_index("rewards"), "rewards", per_fn)
 
 
-def greedy_scores(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int) -> list[float]:
-    """The reward of each task's greedy response, in task order."""
+def greedy_scores(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int,
+                  finished: list[bool] | None = None) -> list[float]:
+    """The reward of each task's greedy response, in task order (and, into ``finished``, whether
+    each response ended with EOS within ``max_new_tokens``)."""
     groups = engine.generate([t.prompt for t in tasks], n=1, max_new_tokens=max_new_tokens, greedy=True)
+    if finished is not None:
+        finished.extend(g[0].finished for g in groups)
     return [reward_fn(g[0].text, t) for g, t in zip(groups, tasks)]
 
 
 def evaluate(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int) -> dict[str, float]:
-    """Greedy decoding on held-out tasks: accuracy = share of responses with reward 1, and mean reward."""
-    scores = greedy_scores(engine, tasks, reward_fn, max_new_tokens)
-    return {"eval/accuracy": sum(s >= 1.0 for s in scores) / len(scores), "eval/reward_mean": sum(scores) / len(scores)}
+    """Greedy decoding on held-out tasks: accuracy = share of responses with reward 1, the mean
+    reward, the share of responses that ended within ``max_new_tokens`` (``eval/finished``) and
+    the accuracy of those (``eval/accuracy_of_finished``, 0 when none did) — a chatty model's
+    answer cut off by the budget fails whatever its arithmetic, so the two split format from skill."""
+    finished: list[bool] = []
+    scores = greedy_scores(engine, tasks, reward_fn, max_new_tokens, finished)
+    correct_finished = sum(s >= 1.0 and f for s, f in zip(scores, finished))
+    return {"eval/accuracy": sum(s >= 1.0 for s in scores) / len(scores), "eval/reward_mean": sum(scores) / len(scores),
+            "eval/finished": sum(finished) / len(finished),
+            "eval/accuracy_of_finished": correct_finished / max(1, sum(finished))}

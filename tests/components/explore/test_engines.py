@@ -70,3 +70,39 @@ def test_rows_that_finish_early_leave_the_batch_and_keep_exact_logprobs(tiny):
         hook.remove()
     for i, r in enumerate(rollouts):
         assert_close(recomputed[i, :len(r.logprobs)], torch.tensor(r.logprobs), atol=2e-4, rtol=1e-4)
+
+
+def test_evaluation_splits_accuracy_into_finished_answers_and_their_accuracy(tiny):
+    import copy
+
+    from components.algorithms import resolve
+    from components.config import TrainerConfig
+    from components.data.tasksets import Task
+    from components.explore.explorer import evaluate
+    from components.train.trainer import Trainer
+
+    model, tokenizer = tiny
+    tasks = [Task(f"t{i}", f"{i} + {i}", f"{i} + {i} =", str(2 * i)) for i in range(5, 29)]
+    # a few SFT steps teach "answer, then EOS", so some greedy answers end within the budget
+    trainer = Trainer(copy.deepcopy(model), tokenizer.pad_token_id, TrainerConfig(lr=3e-3), resolve("sft"))
+    rows = [{"prompt_ids": tokenizer(t.prompt, add_special_tokens=False)["input_ids"], "source": "expert",
+             "response_ids": tokenizer(t.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id],
+             "reward": 1.0, "group_id": t.task_id} for t in tasks]
+    for _ in range(20):
+        trainer.train(rows, [list(range(len(rows)))])
+    engine = HFRolloutEngine(trainer.unwrapped, tokenizer)
+
+    def reward(text: str, task: Task) -> float:  # scores some answers 1 and others 0, right or wrong
+        return float(text.strip()[-1:] in "024")
+
+    for budget in (2, 4, 12):
+        metrics = evaluate(engine, tasks, reward, budget)
+        rollouts = [g[0] for g in engine.generate([t.prompt for t in tasks], n=1, max_new_tokens=budget, greedy=True)]
+        finished = [r.finished for r in rollouts]
+        correct = [reward(r.text, t) == 1.0 for r, t in zip(rollouts, tasks)]
+        assert metrics["eval/finished"] == sum(finished) / len(tasks)
+        assert metrics["eval/accuracy"] == sum(correct) / len(tasks)
+        assert metrics["eval/accuracy_of_finished"] == sum(c and f for c, f in zip(correct, finished)) / max(1, sum(finished))
+    short, long = evaluate(engine, tasks, reward, 1), evaluate(engine, tasks, reward, 12)
+    assert short["eval/finished"] < long["eval/finished"] and long["eval/finished"] > 0.5
+    assert 0 < long["eval/accuracy_of_finished"] < 1
