@@ -5,13 +5,17 @@
 - ``exact_match``: 1.0 if the stripped response equals the stripped gold answer, else 0.0.
 - ``math_verify``: 1.0 if the final answer of a free-form response ("47 + 38 = 85.", "\\boxed{85}")
   equals the gold answer mathematically (the ``math-verify`` package: ``verify(parse(gold),
-  parse(response))``), else 0.0. For chatty instruct models.
+  parse(response))``), else 0.0. For chatty instruct models. When the gold answer is a number,
+  the response's final answer must be a number too: math-verify evaluates expressions, so
+  "47 + 38" would equal 85 and restating the question would score 1 (a policy learns that in a
+  few rounds).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 
 from components.data.tasksets import REASONING_GYM_PREFIX, Task
@@ -29,18 +33,26 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 @functools.lru_cache(maxsize=4096)
 def _parsed(text: str) -> list:
-    """math-verify's reading of ``text``; a gold answer is parsed once for its whole group. No
+    """math-verify's reading of ``text`` (a gold answer is read once for its whole group). No
     timeouts: math-verify's use signal.alarm, which only works in the main thread."""
     from math_verify import parse
 
     return parse(text, parsing_timeout=None)
 
 
-def math_verify(response: str, task: Task) -> float:
-    from math_verify import parse, verify
+def _number(parsed: list) -> bool:
+    """math-verify's reading is a number as written: a sympy number ("85", "-7", "3.5",
+    "\\frac{1}{2}") or a fraction of integers ("1/2"), not an expression to evaluate ("47 + 38")."""
+    return bool(getattr(parsed[0], "is_Number", False)) or re.fullmatch(r"-?\d+\s*/\s*\d+", str(parsed[-1]).strip()) is not None
 
-    answer = parse(response, parsing_timeout=None)
-    return float(bool(answer) and verify(_parsed(task.answer), answer, timeout_seconds=None))
+
+def math_verify(response: str, task: Task) -> float:
+    from math_verify import verify
+
+    answer, gold = _parsed(response), _parsed(task.answer)
+    if not answer or (gold and _number(gold) and not _number(answer)):
+        return 0.0
+    return float(verify(gold, answer, timeout_seconds=None))
 
 
 def make_reward_fn(name: str, taskset_source: str) -> RewardFn:
