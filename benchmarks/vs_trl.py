@@ -94,6 +94,9 @@ def side_trl(cfg, args) -> dict:
         temperature=1.0, top_k=0, top_p=1.0, learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, max_grad_norm=1.0, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
         report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        # rftflow trains in float32 and keeps activations: TRL 1.16 defaults to bf16 autocast and gradient
+        # checkpointing, which is other work (and bf16 is emulated, ~7x slower, on a CPU without avx512_bf16)
+        bf16=False, gradient_checkpointing=False,
     )
     data = Dataset.from_list([{"prompt": t.prompt} for t in taskset.train])
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer)
