@@ -16,6 +16,7 @@ from accelerate import Accelerator
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
 from components.algorithms import value_loss
+from components.train.optim import adamw
 
 
 class Critic:
@@ -28,7 +29,7 @@ class Critic:
         model = AutoModelForTokenClassification.from_config(config).to(policy.dtype)
         backbone = getattr(policy, policy.base_model_prefix)
         getattr(model, model.base_model_prefix).load_state_dict(backbone.state_dict())
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        optimizer = adamw(model.parameters(), lr, weight_decay)
         self.accelerator, self.grad_clip, self.value_clip = accelerator, grad_clip, value_clip
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
 

@@ -8,7 +8,6 @@ optimizer step per micro-batch. Token layout: ``train.batching``.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -22,13 +21,9 @@ from components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, 
 from components.config import TrainerConfig
 from components.train.batching import batch_tensors, behaviour_logprobs, response_logits, response_logprobs
 from components.train.critic import Critic
+from components.train.optim import adamw, cosine
 
 Row = Mapping[str, Any]
-
-
-def cosine(start: float, end: float, progress: float) -> float:
-    """Cosine interpolation from ``start`` (progress 0) to ``end`` (progress 1)."""
-    return end + 0.5 * (start - end) * (1 + math.cos(math.pi * progress))
 
 
 class Trainer:
@@ -39,7 +34,7 @@ class Trainer:
                  *, temperature: float = 1.0):
         self.cfg, self.algorithm, self.temperature, self.pad_id = trainer, algorithm, temperature, pad_id
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
-        optimizer = torch.optim.AdamW(model.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay)
+        optimizer = adamw(model.parameters(), trainer.lr, trainer.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.steps = 0
         self.ref_model: PreTrainedModel | None = None
