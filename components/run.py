@@ -15,6 +15,7 @@ Prefect task, ``run`` runs them in plain Python. Nothing here imports Prefect.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -32,6 +33,8 @@ from components.campaign import ROUND, Campaign
 from components.data.report import validation_report
 from components.preflight import Preflight
 from components.tracking import Tracker
+
+COMMIT_SECONDS = 5.0  # a round's metrics and state are written at most this often (see ``_tracked``)
 
 
 class CampaignRun:
@@ -70,6 +73,7 @@ class CampaignRun:
         self.on_warmup_step: Callable[[int, dict[str, float]], None] | None = None  # progress display hook
         self.last_reward: float | None = None
         self.started = time.perf_counter()
+        self._committed_at = -math.inf  # when ``_tracked`` last wrote the metrics and the state
         self.rounds_started: float | None = None  # when this attempt's first round stage began
         self.rounds_ended: float | None = None  # when its latest round stage ended
         self.resumed_from: int | None = None
@@ -115,8 +119,14 @@ class CampaignRun:
     def stop_requested(self, signal_name: str | None) -> None:
         self.campaign.stop_requested = signal_name  # also ends a wait for the other process
 
-    # stages: each timed; metrics (MLflow, step = round) and state committed after the round's last stage
+    # stages: each timed; metrics (MLflow, step = round) and state committed after a round's last stage
     def _tracked(self, name: str, round_no: int, work: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """Run ``work``, time it, and record its metrics and the campaign's progress. A round's
+        stage metrics and the state are committed together (one MLflow write, one state write)
+        after its last stage, at most every ``COMMIT_SECONDS`` (rounds of a fraction of a second
+        would otherwise spend a tenth of their time on it); any other step commits at once, so
+        everything is written at each evaluation, checkpoint and the end. What a crash loses is
+        after the newest checkpoint, which a resumed campaign redoes and logs again."""
         start = time.perf_counter()
         metrics = {k: float(v) for k, v in work().items()}
         end = time.perf_counter()
@@ -124,16 +134,18 @@ class CampaignRun:
         if name in ROUND:  # the span of this attempt's rounds: first stage's start to latest stage's end
             self.rounds_started = start if self.rounds_started is None else self.rounds_started
             self.rounds_ended = end
-        with self._lock:  # a round's stage metrics and state are committed together, after its last stage
-            within_round = name in self.round_stages[:-1]
-            self.tracker.log_metrics(metrics, step=round_no, defer=within_round)
+        with self._lock:
+            commit = name not in ROUND or (name == self.round_stages[-1]
+                                           and end - self._committed_at >= COMMIT_SECONDS)
+            self.tracker.log_metrics(metrics, step=round_no, defer=not commit)
             self.last_reward = metrics.get("reward/mean", self.last_reward)
             self.state.round, self.state.stage = round_no, name
             if name == self.round_stages[-1]:
                 self.state.rounds_done = round_no
             self.state.weight_version = self.campaign.policy_version
-            if not within_round:
+            if commit:
                 self.states.write(self.state)
+                self._committed_at = end
         return metrics
 
     def steps(self) -> Iterator[tuple[str, int]]:
@@ -210,10 +222,12 @@ class CampaignRun:
 
     def evaluate(self, round_no: int) -> dict[str, float]:
         """Held-out accuracy at ``round_no`` (0 = before the rounds), kept in the state."""
-        metrics = self._tracked("evaluate", round_no, self.campaign.evaluate)
-        self.state.evals[str(round_no)] = metrics["eval/accuracy"]
-        self.states.write(self.state)
-        return metrics
+        def work() -> dict[str, float]:
+            metrics = self.campaign.evaluate()
+            self.state.evals[str(round_no)] = metrics["eval/accuracy"]
+            return metrics
+
+        return self._tracked("evaluate", round_no, work)
 
     def checkpoint(self, round_no: int) -> dict[str, Any]:
         """Checkpoint after ``round_no``: to the store and the MLflow run (``checkpoints/vNNNNNN``),

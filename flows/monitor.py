@@ -1,15 +1,17 @@
 """What a campaign shows in the Prefect UI while it runs (the flow run's Artifacts tab):
 
-- ``<campaign>-progress``: a progress artifact, rounds done out of ``rounds``, updated every round;
+- ``<campaign>-progress``: a progress artifact, rounds done out of ``rounds``;
 - ``<campaign>-rounds``: a table artifact of per-round metrics (reward, loss, held-out accuracy,
-  quarantined rows, seconds per stage), a new version every round;
+  quarantined rows, seconds per stage), a new version with every progress update;
 - ``<campaign>-summary``: a markdown summary at the end — or the one line on why it stopped —
   linking the MLflow run and the registered model version.
 
 The table is read from the MLflow run's metrics (``Tracker.history``), so a resumed campaign shows
-the rounds its earlier attempts did too. A round's artifacts are written by a background thread,
-so the next round does not wait on the Prefect API for them (two calls, ~10 ms); the summary
-waits for them first.
+the rounds its earlier attempts did too. Both are updated after a round at most every
+``UPDATE_SECONDS`` (and always after an evaluation and the last round): the table holds every
+round, so rounds of a fraction of a second would otherwise store a growing table many times a
+second. They are written by a background thread, so the next round does not wait on the Prefect
+API for them (two calls, ~10 ms); the summary waits for them first.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextvars
 import functools
 import logging
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,6 +31,7 @@ from components.campaign import ROUND
 from components.run import CampaignRun
 from components.tracking import is_tracking_server
 
+UPDATE_SECONDS = 5.0
 # column → MLflow metric of the round (blank where a round has none: accuracy between evaluations)
 COLUMNS = {"reward": "reward/mean", "loss": "loss/total", "accuracy": "eval/accuracy",
            "accepted": "contract/accepted", "quarantined": "contract/quarantined",
@@ -71,6 +75,7 @@ class UIMonitor:
         self.name = run.cfg.name
         self._progress_id = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="rftflow-ui")  # round artifacts, in order
+        self._updated_at = -float("inf")  # when round_done last wrote them
 
     def _percent(self, rounds_done: int) -> float:
         return round(100.0 * rounds_done / self.run.cfg.rounds, 1)
@@ -83,8 +88,13 @@ class UIMonitor:
             description=f"campaign {self.name}: rounds done of {self.run.cfg.rounds}")
 
     def round_done(self, round_no: int) -> None:
-        """The progress and the table as of ``round_no``, written in the background (in the flow
-        run's context, so they belong to it)."""
+        """The progress and the table as of ``round_no``, when due (see the module docstring),
+        written in the background (in the flow run's context, so they belong to it)."""
+        now = time.monotonic()
+        due = round_no == self.run.cfg.rounds or self.run.campaign.eval_due(round_no)
+        if not due and now - self._updated_at < UPDATE_SECONDS:
+            return
+        self._updated_at = now
         rows, context = self.rows(), contextvars.copy_context()
         self._writer.submit(context.run, self._write_round, round_no, rows)
 
