@@ -4,11 +4,12 @@ The work, the same on both sides: one start model directory, reasoning-gym chain
 most 2 digits, prompt "{expression} ="), 8 prompts x 8 sampled responses per step, temperature 1,
 ``--tokens`` new tokens at most, GRPO advantages (group mean and std), token-mean clipped loss,
 beta = 0 (no reference model), AdamW at a constant lr 1e-3 with no weight decay, gradient norm
-clipped to 1, one optimizer step per step, ``--steps`` steps. Each side runs in its own process
-with ``--threads`` torch threads; the figures:
+clipped to 1, one optimizer step per step, ``--steps`` steps, in float32 with activations kept (TRL's
+defaults of bf16 autocast and gradient checkpointing are turned off: they are other work). Each
+side runs in its own process with ``--threads`` torch threads; the figures:
 
 - samples/s: steps x 64 / the wall time of the steps (TRL: ``trainer.train()``; rftflow's round
-  loop: ``Campaign.run_round`` for every round; the flow: ``rftflow run``'s rounds, its
+  loop: ``Campaign.run_round`` for every round; the flow: ``rftflow run`` as a user runs it, its
   ``rounds_wall_seconds``: from the first round's explore to the last round's sync, Prefect task
   runs, MLflow and state writes included; what the flow does before and after them, start-up and
   the final evaluation, checkpoint and registration, is reported apart);
@@ -125,7 +126,7 @@ def side_flow(cfg, args) -> dict:
         sets = [a for o in overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads) for a in ("--set", o)]
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(CONFIG), "--run-dir", run_dir,
-                               "--no-progress", *sets], capture_output=True, text=True, cwd=ROOT)
+                               *sets], capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - start
         if done.returncode:
             raise SystemExit(f"rftflow run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
