@@ -1,7 +1,7 @@
 """``rftflow run`` SIGKILLed at random moments (in explore, train, a shard write, a checkpoint
 write, …), then run again until it finishes: every trial ends with exactly its rounds in the store
 and in MLflow, the configured rows in every round, no experience twice, one MLflow run, and the
-final model bit for bit the uninterrupted run's (10 trials, 3 of them on S3). Also: no process
+final model bit for bit the uninterrupted run's (10 trials, 3 of them on S3, two at a time). Also: no process
 outlives a killed run, and SIGTERM stops a run at a safe point that the same command resumes.
 
 The trials share one real ``prefect server start`` (PREFECT_API_URL), so each run does not pay
@@ -126,32 +126,54 @@ def reference(env, tmp_path_factory) -> dict:
 
 KILL_AT = ["explore[r=1]", "train[r=1]", "buffer[r=2]", "checkpoint[r=2]", "explore[r=3]", "train[r=4]",
            "warm_start[r=0]", "checkpoint[r=4]", "verify[r=2]", "sync[r=3]"]
+TRIALS = range(len(KILL_AT))
+S3_TRIALS = range(7, 10)  # three trials on the S3 test server
 
 
-@pytest.mark.parametrize("trial", range(10))
-def test_a_killed_run_resumes_to_the_uninterrupted_result(trial, env, reference, tmp_path, request):
-    rng = random.Random(trial)
-    extra = []
-    if trial >= 7:  # three trials on the S3 test server
-        server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
-        extra = [f"storage.url=s3://{bucket}/trial{trial}", f"storage.endpoint_url={server.endpoint_url}",
-                 "storage.addressing_style=path"]
-        env = {**env, **{k: os.environ[k] for k in os.environ if k.startswith("AWS_")}}
-    lines = kill_during(tmp_path, KILL_AT[trial], rng.uniform(0.0, 0.3), *extra, env=env)
-    assert not any("Task run 'register" in line for line in lines), "killed too late: the run had finished"
-    finish(tmp_path, *extra, env=env)
-    check_trial(tmp_path, reference)
+@pytest.fixture(scope="module")
+def trials(env, reference, tmp_path_factory, request) -> dict:
+    """Every trial, two at a time (each process is single-threaded: 2 cores, no thrashing): kill
+    ``rftflow run`` during its step, then run the same command until it finishes. Per trial: the
+    run dir, the ``--set`` extras, the killed attempt's output lines, or the exception it raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = request.getfixturevalue("s3_server")  # sets the AWS_ variables
+    s3 = {k: os.environ[k] for k in os.environ if k.startswith("AWS_")}
+    extras = {n: [f"storage.url=s3://{server.new_bucket()}/trial{n}", f"storage.endpoint_url={server.endpoint_url}",
+                  "storage.addressing_style=path"] if n in S3_TRIALS else [] for n in TRIALS}
+
+    def trial(n: int) -> dict:
+        run_dir, extra = tmp_path_factory.mktemp(f"trial{n}"), extras[n]
+        trial_env = {**env, **s3} if extra else env
+        try:
+            lines = kill_during(run_dir, KILL_AT[n], random.Random(n).uniform(0.0, 0.3), *extra, env=trial_env)
+            finish(run_dir, *extra, env=trial_env)
+            return {"run_dir": run_dir, "extra": extra, "lines": lines}
+        except Exception as e:  # noqa: BLE001 — reported by the trial's own test
+            return {"run_dir": run_dir, "extra": extra, "error": e}
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(TRIALS, pool.map(trial, TRIALS)))
+
+
+@pytest.mark.parametrize("trial", TRIALS)
+def test_a_killed_run_resumes_to_the_uninterrupted_result(trial, trials, env, reference):
+    outcome = trials[trial]
+    if "error" in outcome:
+        raise outcome["error"]
+    assert not any("Task run 'register" in line for line in outcome["lines"]), "killed too late: the run had finished"
+    check_trial(outcome["run_dir"], reference)
     # the killed attempt's flow run no longer says Running in Prefect
     from prefect import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    state = json.loads((tmp_path / "summary.json").read_text())
+    state = json.loads((outcome["run_dir"] / "summary.json").read_text())
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}), get_client(sync_client=True) as client:
-        killed = client.read_flow_run(_attempts(tmp_path, *extra)[0]["flow_run_id"])
+        killed = client.read_flow_run(_attempts(outcome["run_dir"])[0]["flow_run_id"])
     assert killed.state.type.value == "CRASHED" and state["prefect_flow_run_id"] in killed.state.message
 
 
-def _attempts(run_dir: Path, *extra: str) -> list[dict]:
+def _attempts(run_dir: Path) -> list[dict]:
     from components.buffer.layout import recorded_store
     from components.buffer.state import StateStore
     from components.buffer.store import open_store
