@@ -12,7 +12,9 @@ side runs in its own process with ``--threads`` torch threads; the figures:
   loop: ``Campaign.run_round`` for every round; the flow: ``rftflow run`` as a user runs it, its
   ``rounds_wall_seconds``: from the first round's explore to the last round's sync, Prefect task
   runs, MLflow and state writes included; what the flow does before and after them, start-up and
-  the final evaluation, checkpoint and registration, is reported apart);
+  the final evaluation, checkpoint and registration, is reported apart); each side runs
+  ``--repeats`` times, sides interleaved, and the median is reported with the range (on a shared
+  2-core machine one side's runs spread by up to a third);
 - peak RSS of the process;
 - held-out greedy accuracy (the same 200 tasks, rftflow's evaluator) after the steps.
 
@@ -21,7 +23,7 @@ demonstrations, made once by rftflow and saved as a Hugging Face directory, so a
 something (``--init tiny``: the random ``builtin:tiny``, on which no side learns in 40 steps).
 
     pip install -e '.[trl]'
-    python benchmarks/vs_trl.py                       # 8 and 32 new tokens, 40 steps
+    python benchmarks/vs_trl.py                       # 8 and 32 new tokens, 40 steps, 3 runs per side
     python benchmarks/vs_trl.py --tokens 8 --sides trl,loop
 """
 
@@ -184,6 +186,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--repeats", type=int, default=3, help="runs per side and setting; the median is reported")
     parser.add_argument("--init", choices=("warm", "tiny"), default="warm")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -210,26 +213,42 @@ def main() -> None:
             model_dir = resolve_model_path("builtin:tiny")
         rows = []
         for tokens in (int(t) for t in args.tokens.split(",")):
-            results = {}
-            for side in sides:
-                results[side] = r = run_side(side, model_dir, tokens, args)
-                r["samples_per_s"] = args.steps * PROMPTS * GROUP / r["seconds"]
-                print(f"{tokens} tokens, {side}: {r['samples_per_s']:.0f} samples/s, {r['seconds'] / args.steps:.3f} s/step, "
-                      f"peak RSS {r['peak_rss_mb']:.0f} MB, accuracy {r['accuracy']:.3f}", flush=True)
-            rows.append((tokens, results))
+            runs: dict[str, list[dict]] = {side: [] for side in sides}
+            for repeat in range(args.repeats):  # sides interleaved, so a slow spell of the machine hits all
+                for side in sides:
+                    runs[side].append(r := run_side(side, model_dir, tokens, args))
+                    print(f"{tokens} tokens, {side}, run {repeat + 1}/{args.repeats}: "
+                          f"{args.steps * PROMPTS * GROUP / r['seconds']:.0f} samples/s, accuracy {r['accuracy']:.3f}",
+                          flush=True)
+            rows.append((tokens, {side: summarize(rs, args.steps) for side, rs in runs.items()}))
     print(f"\n{args.steps} steps of {PROMPTS} prompts x {GROUP} responses, {args.threads} threads, seed {args.seed}, "
-          f"start model {args.init}\n")
+          f"start model {args.init}; median of {args.repeats} runs per side (range)\n")
     print("| new tokens | side | samples/s | s/step | peak RSS MB | accuracy | vs TRL |\n| --- | --- | --- | --- | --- | --- | --- |")
     for tokens, results in rows:
         base = results.get("trl", {}).get("samples_per_s")
         for side, r in results.items():
             ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
-            print(f"| {tokens} | {side} | {r['samples_per_s']:.0f} | {r['seconds'] / args.steps:.3f} | "
+            print(f"| {tokens} | {side} | {r['samples_per_s']:.0f} ({r['range']}) | {r['seconds'] / args.steps:.3f} | "
                   f"{r['peak_rss_mb']:.0f} | {r['accuracy']:.3f} | {ratio} |")
         if "loop" in results and "flow" in results:
             print(f"| {tokens} | flow / loop time | {results['flow']['seconds'] / results['loop']['seconds']:.2f} | | | | "
                   f"before and after the rounds {results['flow']['outside_rounds_s']:.0f} s |")
 
+
+def summarize(runs: list[dict], steps: int) -> dict:
+    """One side's runs: the median seconds (and samples/s from it), the samples/s range, the mean
+    accuracy (runs of one seed differ in float order only), the largest peak RSS, median start-up."""
+    def median(values):
+        values = sorted(values)
+        return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
+
+    rates = [steps * PROMPTS * GROUP / r["seconds"] for r in runs]
+    out = {"seconds": median(r["seconds"] for r in runs), "range": f"{min(rates):.0f}-{max(rates):.0f}",
+           "accuracy": sum(r["accuracy"] for r in runs) / len(runs), "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
+    out["samples_per_s"] = steps * PROMPTS * GROUP / out["seconds"]
+    if "outside_rounds_s" in runs[0]:
+        out["outside_rounds_s"] = median(r["outside_rounds_s"] for r in runs)
+    return out
 
 if __name__ == "__main__":
     main()

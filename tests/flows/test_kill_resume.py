@@ -1,8 +1,9 @@
 """``rftflow run`` SIGKILLed at random moments (in explore, train, a shard write, a checkpoint
 write, …), then run again until it finishes: every trial ends with exactly its rounds in the store
 and in MLflow, the configured rows in every round, no experience twice, one MLflow run, and the
-final model bit for bit the uninterrupted run's (10 trials, 3 of them on S3, two at a time). Also: no process
+final model bit for bit the uninterrupted run's (10 trials, 3 of them on S3). Also: no process
 outlives a killed run, and SIGTERM stops a run at a safe point that the same command resumes.
+The reference, the trials and the SIGTERM run go two at a time (single-threaded processes).
 
 The trials share one real ``prefect server start`` (PREFECT_API_URL), so each run does not pay
 for a Prefect server of its own; the orphan trial uses the run's embedded server."""
@@ -115,62 +116,98 @@ def env(cli_env, tmp_path_factory):
     return {**cli_env, "TASKS": str(tasks), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module")
-def reference(env, tmp_path_factory) -> dict:
-    run_dir = tmp_path_factory.mktemp("reference")
-    finish(run_dir, env=env)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert 0 < summary["eval_accuracy_after"] < 1  # a result that moves with the weights
-    return {"accuracy": summary["eval_accuracy_after"], "weights": sha256(run_dir / "model" / "model.safetensors")}
-
-
 KILL_AT = ["explore[r=1]", "train[r=1]", "buffer[r=2]", "checkpoint[r=2]", "explore[r=3]", "train[r=4]",
            "warm_start[r=0]", "checkpoint[r=4]", "verify[r=2]", "sync[r=3]"]
 TRIALS = range(len(KILL_AT))
 S3_TRIALS = range(7, 10)  # three trials on the S3 test server
 
 
+def reference_run(run_dir: Path, env: dict) -> dict:
+    """The uninterrupted campaign: its held-out accuracy and final weights."""
+    finish(run_dir, env=env)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"accuracy": summary["eval_accuracy_after"], "weights": sha256(run_dir / "model" / "model.safetensors")}
+
+
+def kill_trial(run_dir: Path, n: int, extra: list[str], env: dict) -> dict:
+    """Trial ``n``: kill ``rftflow run`` during its step, then run the same command until it finishes."""
+    lines = kill_during(run_dir, KILL_AT[n], random.Random(n).uniform(0.0, 0.3), *extra, env=env)
+    finish(run_dir, *extra, env=env)
+    return {"run_dir": run_dir, "lines": lines}
+
+
+def sigterm_run(run_dir: Path, env: dict) -> dict:
+    """SIGTERM after round 3's explore: the stopped run's exit code, output and MLflow run status;
+    then the same command run until it finishes."""
+    from mlflow import MlflowClient
+
+    proc = rftflow(run_dir, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Task run 'explore[r=3]' - Finished" in line:
+            proc.send_signal(signal.SIGTERM)
+    proc.wait()
+    proc.stdout.close()
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    status = [run.info.status for run in client.search_runs([client.get_experiment_by_name("rftflow").experiment_id])]
+    finish(run_dir, env=env)
+    return {"run_dir": run_dir, "returncode": proc.returncode, "lines": lines, "mlflow_status": status}
+
+
 @pytest.fixture(scope="module")
-def trials(env, reference, tmp_path_factory, request) -> dict:
-    """Every trial, two at a time (each process is single-threaded: 2 cores, no thrashing): kill
-    ``rftflow run`` during its step, then run the same command until it finishes. Per trial: the
-    run dir, the ``--set`` extras, the killed attempt's output lines, or the exception it raised."""
+def runs(env, tmp_path_factory, request) -> dict:
+    """Every campaign of this module, two at a time (each process is single-threaded: 2 cores, no
+    thrashing): the reference, the trials (by number) and the SIGTERM run. Per job its result, or
+    the exception it raised, for the job's own test to raise."""
     from concurrent.futures import ThreadPoolExecutor
 
     server = request.getfixturevalue("s3_server")  # sets the AWS_ variables
-    s3 = {k: os.environ[k] for k in os.environ if k.startswith("AWS_")}
+    s3_env = {**env, **{k: os.environ[k] for k in os.environ if k.startswith("AWS_")}}
     extras = {n: [f"storage.url=s3://{server.new_bucket()}/trial{n}", f"storage.endpoint_url={server.endpoint_url}",
                   "storage.addressing_style=path"] if n in S3_TRIALS else [] for n in TRIALS}
+    jobs = {"reference": (reference_run, env), "sigterm": (sigterm_run, env),
+            **{n: (lambda run_dir, job_env, n=n: kill_trial(run_dir, n, extras[n], job_env), s3_env if extras[n] else env)
+               for n in TRIALS}}
 
-    def trial(n: int) -> dict:
-        run_dir, extra = tmp_path_factory.mktemp(f"trial{n}"), extras[n]
-        trial_env = {**env, **s3} if extra else env
+    def job(name) -> dict:
+        work, job_env = jobs[name]
         try:
-            lines = kill_during(run_dir, KILL_AT[n], random.Random(n).uniform(0.0, 0.3), *extra, env=trial_env)
-            finish(run_dir, *extra, env=trial_env)
-            return {"run_dir": run_dir, "extra": extra, "lines": lines}
-        except Exception as e:  # noqa: BLE001 — reported by the trial's own test
-            return {"run_dir": run_dir, "extra": extra, "error": e}
+            return work(tmp_path_factory.mktemp(f"run-{name}"), job_env)
+        except Exception as e:  # noqa: BLE001 — raised by the job's own test
+            return {"error": e}
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(TRIALS, pool.map(trial, TRIALS)))
+        return dict(zip(jobs, pool.map(job, jobs)))
+
+
+def outcome(runs: dict, name) -> dict:
+    """Job ``name``'s result; its exception raised here."""
+    if "error" in runs[name]:
+        raise runs[name]["error"]
+    return runs[name]
+
+
+@pytest.fixture(scope="module")
+def reference(runs) -> dict:
+    reference = outcome(runs, "reference")
+    assert 0 < reference["accuracy"] < 1  # a result that moves with the weights
+    return reference
 
 
 @pytest.mark.parametrize("trial", TRIALS)
-def test_a_killed_run_resumes_to_the_uninterrupted_result(trial, trials, env, reference):
-    outcome = trials[trial]
-    if "error" in outcome:
-        raise outcome["error"]
-    assert not any("Task run 'register" in line for line in outcome["lines"]), "killed too late: the run had finished"
-    check_trial(outcome["run_dir"], reference)
+def test_a_killed_run_resumes_to_the_uninterrupted_result(trial, runs, env, reference):
+    killed = outcome(runs, trial)
+    assert not any("Task run 'register" in line for line in killed["lines"]), "killed too late: the run had finished"
+    check_trial(killed["run_dir"], reference)
     # the killed attempt's flow run no longer says Running in Prefect
     from prefect import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    state = json.loads((outcome["run_dir"] / "summary.json").read_text())
+    state = json.loads((killed["run_dir"] / "summary.json").read_text())
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}), get_client(sync_client=True) as client:
-        killed = client.read_flow_run(_attempts(outcome["run_dir"])[0]["flow_run_id"])
-    assert killed.state.type.value == "CRASHED" and state["prefect_flow_run_id"] in killed.state.message
+        crashed = client.read_flow_run(_attempts(killed["run_dir"])[0]["flow_run_id"])
+    assert crashed.state.type.value == "CRASHED" and state["prefect_flow_run_id"] in crashed.state.message
 
 
 def _attempts(run_dir: Path) -> list[dict]:
@@ -223,23 +260,11 @@ def _running(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
-def test_sigterm_stops_at_a_safe_point_in_one_line_and_the_same_command_resumes(env, reference, tmp_path):
-    proc = rftflow(tmp_path, env=env)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "Task run 'explore[r=3]' - Finished" in line:
-            proc.send_signal(signal.SIGTERM)
-    proc.wait()
-    proc.stdout.close()
-    assert proc.returncode == 130
-    errors = [line for line in lines if line.startswith("error:")]
+def test_sigterm_stops_at_a_safe_point_in_one_line_and_the_same_command_resumes(runs, reference):
+    stopped = outcome(runs, "sigterm")
+    assert stopped["returncode"] == 130
+    errors = [line for line in stopped["lines"] if line.startswith("error:")]
     assert len(errors) == 1 and "stopped (SIGTERM) after round 3" in errors[0] and "resume from the checkpoint of round 2" in errors[0]
-    assert not [line for line in lines if "Traceback" in line]
-    from mlflow import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("rftflow").experiment_id])
-    assert run.info.status == "KILLED"
-    finish(tmp_path, env=env)
-    check_trial(tmp_path, reference)
+    assert not [line for line in stopped["lines"] if "Traceback" in line]
+    assert stopped["mlflow_status"] == ["KILLED"]
+    check_trial(stopped["run_dir"], reference)
