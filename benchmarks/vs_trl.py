@@ -237,7 +237,7 @@ def main() -> None:
 
 def summarize(runs: list[dict], steps: int) -> dict:
     """One side's runs: the median seconds (and samples/s from it), the samples/s range, the mean
-    accuracy (runs of one seed differ in float order only), the largest peak RSS, median start-up."""
+    accuracy (runs of one seed differ in float order only), the largest peak RSS, the median time outside the rounds."""
     def median(values):
         values = sorted(values)
         return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
@@ -249,6 +249,7 @@ def summarize(runs: list[dict], steps: int) -> dict:
     if "outside_rounds_s" in runs[0]:
         out["outside_rounds_s"] = median(r["outside_rounds_s"] for r in runs)
     return out
+
 
 if __name__ == "__main__":
     main()

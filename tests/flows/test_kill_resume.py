@@ -129,7 +129,7 @@ def reference_run(run_dir: Path, env: dict) -> dict:
     return {"accuracy": summary["eval_accuracy_after"], "weights": sha256(run_dir / "model" / "model.safetensors")}
 
 
-def kill_trial(run_dir: Path, n: int, extra: list[str], env: dict) -> dict:
+def kill_trial(run_dir: Path, env: dict, n: int, extra: list[str]) -> dict:
     """Trial ``n``: kill ``rftflow run`` during its step, then run the same command until it finishes."""
     lines = kill_during(run_dir, KILL_AT[n], random.Random(n).uniform(0.0, 0.3), *extra, env=env)
     finish(run_dir, *extra, env=env)
@@ -161,14 +161,14 @@ def runs(env, tmp_path_factory, request) -> dict:
     thrashing): the reference, the trials (by number) and the SIGTERM run. Per job its result, or
     the exception it raised, for the job's own test to raise."""
     from concurrent.futures import ThreadPoolExecutor
+    from functools import partial
 
     server = request.getfixturevalue("s3_server")  # sets the AWS_ variables
     s3_env = {**env, **{k: os.environ[k] for k in os.environ if k.startswith("AWS_")}}
     extras = {n: [f"storage.url=s3://{server.new_bucket()}/trial{n}", f"storage.endpoint_url={server.endpoint_url}",
                   "storage.addressing_style=path"] if n in S3_TRIALS else [] for n in TRIALS}
     jobs = {"reference": (reference_run, env), "sigterm": (sigterm_run, env),
-            **{n: (lambda run_dir, job_env, n=n: kill_trial(run_dir, n, extras[n], job_env), s3_env if extras[n] else env)
-               for n in TRIALS}}
+            **{n: (partial(kill_trial, n=n, extra=extras[n]), s3_env if extras[n] else env) for n in TRIALS}}
 
     def job(name) -> dict:
         work, job_env = jobs[name]
