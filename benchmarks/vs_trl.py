@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from statistics import mean, median
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,12 +219,12 @@ def main() -> None:
                 for side in sides:
                     runs[side].append(r := run_side(side, model_dir, tokens, args))
                     print(f"{tokens} tokens, {side}, run {repeat + 1}/{args.repeats}: "
-                          f"{args.steps * PROMPTS * GROUP / r['seconds']:.0f} samples/s, accuracy {r['accuracy']:.3f}",
+                          f"{samples_per_s(r['seconds'], args.steps):.0f} samples/s, accuracy {r['accuracy']:.3f}",
                           flush=True)
             rows.append((tokens, {side: summarize(rs, args.steps) for side, rs in runs.items()}))
     print(f"\n{args.steps} steps of {PROMPTS} prompts x {GROUP} responses, {args.threads} threads, seed {args.seed}, "
           f"start model {args.init}; median of {args.repeats} runs per side (range)\n")
-    print("| new tokens | side | samples/s | s/step | peak RSS MB | accuracy | vs TRL |\n| --- | --- | --- | --- | --- | --- | --- |")
+    print("| new tokens | side | samples/s (range) | s/step | peak RSS MB | accuracy | vs TRL |\n| --- | --- | --- | --- | --- | --- | --- |")
     for tokens, results in rows:
         base = results.get("trl", {}).get("samples_per_s")
         for side, r in results.items():
@@ -238,17 +239,17 @@ def main() -> None:
 def summarize(runs: list[dict], steps: int) -> dict:
     """One side's runs: the median seconds (and samples/s from it), the samples/s range, the mean
     accuracy (runs of one seed differ in float order only), the largest peak RSS, the median time outside the rounds."""
-    def median(values):
-        values = sorted(values)
-        return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
-
-    rates = [steps * PROMPTS * GROUP / r["seconds"] for r in runs]
-    out = {"seconds": median(r["seconds"] for r in runs), "range": f"{min(rates):.0f}-{max(rates):.0f}",
-           "accuracy": sum(r["accuracy"] for r in runs) / len(runs), "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
-    out["samples_per_s"] = steps * PROMPTS * GROUP / out["seconds"]
+    rates = [samples_per_s(r["seconds"], steps) for r in runs]
+    seconds = median(r["seconds"] for r in runs)
+    out = {"seconds": seconds, "samples_per_s": samples_per_s(seconds, steps), "range": f"{min(rates):.0f}-{max(rates):.0f}",
+           "accuracy": mean(r["accuracy"] for r in runs), "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
     if "outside_rounds_s" in runs[0]:
         out["outside_rounds_s"] = median(r["outside_rounds_s"] for r in runs)
     return out
+
+
+def samples_per_s(seconds: float, steps: int) -> float:
+    return steps * PROMPTS * GROUP / seconds
 
 
 if __name__ == "__main__":
