@@ -111,19 +111,27 @@ def reinforce_pp_advantages(
 
 
 @register_advantage("opmd")
-def opmd_advantages(rewards: torch.Tensor, group_ids: Sequence, *, tau: float = 1.0) -> torch.Tensor:
-    """Online policy mirror descent baseline (Trinity-RFT ``opmd``; Kimi k1.5, arXiv:2501.12599).
+def opmd_advantages(rewards: torch.Tensor, group_ids: Sequence, *, baseline: str = "mean",
+                    tau: float = 1.0) -> torch.Tensor:
+    """Online policy mirror descent advantages (Trinity-RFT ``opmd``; Kimi k1.5, arXiv:2501.12599):
+    A_i = r_i − b_g, unnormalised.
 
-    A_i = r_i − τ · log( mean_{j∈g} exp(r_j / τ) ): the group's soft-max value as the baseline.
+    ``baseline="mean"`` (Trinity-RFT's default): b_g = mean_{j∈g} r_j.
+    ``baseline="logavgexp"``: b_g = τ · log( mean_{j∈g} exp(r_j / τ) ), the group's soft-max value
+    (≥ the mean, so most advantages are negative).
     """
     rewards = _rewards(rewards, group_ids)  # (B,)
     index, n_groups = _group_index(group_ids)
-    count, _ = _group_stats(rewards, index, n_groups)
+    count, mean = _group_stats(rewards, index, n_groups)  # (G,), (G,)
+    if baseline == "mean":
+        return rewards - mean[index]
+    if baseline != "logavgexp":
+        raise ValueError(f"opmd baseline {baseline!r}: expected 'mean' or 'logavgexp'")
     # each group's own max keeps every exp in (0, 1] with one term = 1: no underflow to log 0
     shift = torch.full((n_groups,), -torch.inf).scatter_reduce(0, index, rewards, "amax")  # (G,)
     summed = torch.zeros(n_groups).index_add_(0, index, torch.exp((rewards - shift[index]) / tau))  # (G,)
-    baseline = shift + tau * torch.log(summed / count)  # (G,)
-    return rewards - baseline[index]
+    soft_max = shift + tau * torch.log(summed / count)  # (G,)
+    return rewards - soft_max[index]
 
 
 @register_advantage("gae", needs_critic=True)

@@ -61,7 +61,7 @@ PRESETS: dict[str, Preset] = {
     # GSPO (arXiv:2507.18071): sequence-level ratio, tiny clip range, sequence-mean loss.
     "gspo": Preset(advantage="grpo", loss="ppo_clip", ratio_level="sequence", clip_low=3e-4, clip_high=4e-4,
                    agg="seq-mean-token-mean"),
-    # OPMD (Trinity-RFT; Kimi k1.5): soft-max group baseline, −A·log π / (1 + τ).
+    # OPMD (Trinity-RFT; Kimi k1.5): group-mean baseline (Trinity-RFT's default), −A·log π / (1 + τ).
     "opmd": Preset(advantage="opmd", loss="opmd"),
     # MIX (Trinity-RFT): (1 − mu)·GRPO on explorer rows + mu·SFT on expert rows.
     "mix": Preset(advantage="grpo", loss="mix", uses_expert=True),

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from torch.testing import assert_close
 
@@ -34,15 +35,21 @@ def test_reinforce_pp_whitens_over_the_batch():
                  torch.tensor([0.5, -0.5, 0.25, -0.25]) / math.sqrt(0.625 / 3))
 
 
-def test_opmd_uses_the_groups_soft_max_as_baseline():
-    # group [1, 0], τ = 1: baseline log((e + 1)/2) = .620115
+def test_opmd_baselines_are_the_group_mean_or_its_soft_max():
+    # group mean by default (Trinity-RFT's): [1, 0] → [.5, −.5]; unnormalised
+    assert_close(opmd_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0, 0.0, 0.0]), [0, 0, 1, 1, 1, 1]),
+                 torch.tensor([0.5, -0.5, 1.0, 1.0, -1.0, -1.0]))
+    # logavgexp, group [1, 0], τ = 1: baseline log((e + 1)/2) = .620115
     b = math.log((math.e + 1) / 2)
-    assert_close(opmd_advantages(torch.tensor([1.0, 0.0]), [0, 0]), torch.tensor([1 - b, -b]))
+    assert_close(opmd_advantages(torch.tensor([1.0, 0.0]), [0, 0], baseline="logavgexp"), torch.tensor([1 - b, -b]))
     # equal rewards → 0; huge rewards stay finite
-    assert_close(opmd_advantages(torch.tensor([3.0, 3.0]), [0, 0]), torch.zeros(2))
-    assert torch.isfinite(opmd_advantages(torch.tensor([1e4, -1e4]), [0, 0], tau=0.1)).all()
+    assert_close(opmd_advantages(torch.tensor([3.0, 3.0]), [0, 0], baseline="logavgexp"), torch.zeros(2))
+    assert torch.isfinite(opmd_advantages(torch.tensor([1e4, -1e4]), [0, 0], baseline="logavgexp", tau=0.1)).all()
     # a group far below the batch's best reward: its baseline is its own (no exp underflow to log 0)
-    assert_close(opmd_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), ["a", "a", "b", "b"], tau=0.005), torch.zeros(4))
+    assert_close(opmd_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), ["a", "a", "b", "b"], baseline="logavgexp",
+                                 tau=0.005), torch.zeros(4))
+    with pytest.raises(ValueError, match="opmd baseline 'median'"):
+        opmd_advantages(torch.tensor([1.0, 0.0]), [0, 0], baseline="median")
 
 
 def test_gae_by_hand():
