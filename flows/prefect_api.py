@@ -26,7 +26,6 @@ from typing import Any
 import prefect
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
-from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
 # Run in the server process before uvicorn: ask for SIGTERM when the parent (this process) dies
@@ -51,19 +50,24 @@ RECORDER_BATCHING = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50
                      "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "2"}
 
 
-class _ServerEndingWithUs(SubprocessASGIServer):
-    """Prefect's ephemeral API server, its uvicorn process bound to this one's life."""
+def _server_ending_with_us():
+    """Prefect's ephemeral API server, its uvicorn process bound to this one's life. Prefect's server
+    modules are imported here, not at the top: 2.5 s that a run against a named API does not need."""
+    from prefect.server.api.server import SubprocessASGIServer
 
-    def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-        # the command and environment of SubprocessASGIServer._run_uvicorn_command, started by _BOOT
-        return subprocess.Popen(
-            args=[sys.executable, "-c", _BOOT, "--app-dir", str(prefect.__module_path__.parent), "--factory",
-                  "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                  "--log-level", "error", "--lifespan", "on"],
-            env={**RECORDER_BATCHING, **os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                 "PREFECT__SERVER_FINAL": "1", "RFTFLOW_PREFECT_PARENT": str(os.getpid()),
-                 **get_current_settings().to_environment_variables(exclude_unset=True)},
-        )
+    class ServerEndingWithUs(SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+            # the command and environment of SubprocessASGIServer._run_uvicorn_command, started by _BOOT
+            return subprocess.Popen(
+                args=[sys.executable, "-c", _BOOT, "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                      "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                      "--log-level", "error", "--lifespan", "on"],
+                env={**RECORDER_BATCHING, **os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                     "PREFECT__SERVER_FINAL": "1", "RFTFLOW_PREFECT_PARENT": str(os.getpid()),
+                     **get_current_settings().to_environment_variables(exclude_unset=True)},
+            )
+
+    return ServerEndingWithUs()
 
 
 @contextmanager
@@ -73,7 +77,7 @@ def embedded_prefect_api() -> Iterator[str | None]:
     if PREFECT_API_URL.value():
         yield None
         return
-    server = _ServerEndingWithUs()
+    server = _server_ending_with_us()
     server.start()
     try:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
