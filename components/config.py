@@ -106,7 +106,8 @@ class AlgorithmConfig(_Section):
         description="A preset (see components.algorithms.presets): `sft` NLL on expert rows only; `grpo`, "
         "`dr_grpo`, `dapo`, `rloo`, `reinforce_pp`, `gspo`: PPO-clip on explorer rows with that "
         "advantage/clip/aggregation; `ppo`: PPO-clip with token-level GAE from a critic model; "
-        "`opmd`: −A·log π / (1 + τ) with the group-mean baseline (or its soft-max, `advantage_options.baseline: logavgexp`); "
+        "`opmd`: −A·log π / (1 + τ) with the group-mean baseline (or its soft-max, "
+        "`advantage_options.baseline: logavgexp`); "
         "`dpo`: DPO against the frozen start policy on (best, worst) response pairs of each group; "
         "`mix`: (1 − mu)·GRPO on explorer rows + mu·SFT on expert rows. Keys left unset take the preset's value.",
     )
@@ -128,7 +129,8 @@ class AlgorithmConfig(_Section):
     agg: AggMode | None = Field(None, description="Loss aggregation (see components.algorithms.aggregation).")
     tau: float | None = Field(
         None, gt=0, description="OPMD loss: regularisation τ (the update shrinks by 1/(1 + τ)). The opmd "
-        "advantage's soft-max temperature (with `baseline: logavgexp`) is separate, `advantage_options.tau` (default 1), as in Trinity-RFT.",
+        "advantage's soft-max temperature (with `baseline: logavgexp`) is separate, `advantage_options.tau` "
+        "(default 1), as in Trinity-RFT.",
     )
     dynamic_sampling: bool | None = Field(
         None, description="DAPO dynamic sampling: drop groups whose rewards are all equal (they carry no signal) "

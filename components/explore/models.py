@@ -50,7 +50,8 @@ def forward_with_cache(model: PreTrainedModel, cache: DynamicCache | None = None
     """``model(**inputs)`` that reads and extends the KV ``cache`` (a new one when None).
     Returns ``(output, cache)``, whichever name this transformers gives the cache."""
     name = _cache_argument(type(model))
-    output = model(**inputs, use_cache=True, **{name: cache if cache is not None else DynamicCache(config=model.config)})
+    cache = cache if cache is not None else DynamicCache(config=model.config)
+    output = model(**inputs, use_cache=True, **{name: cache})
     return output, output[name]
 
 
