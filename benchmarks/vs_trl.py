@@ -37,8 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from statistics import mean, median
 from pathlib import Path
+from statistics import mean, median
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
