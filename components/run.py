@@ -32,6 +32,7 @@ from components.buffer.state import Attempt, CampaignState, StateStore, fingerpr
 from components.campaign import ROUND, Campaign
 from components.data.report import validation_report
 from components.preflight import Preflight
+from components.train.checkpoints import OPTIMIZER_FILES
 from components.tracking import Tracker
 
 COMMIT_SECONDS = 5.0  # a round's metrics and state are written at most this often (see ``_tracked``)
@@ -230,12 +231,16 @@ class CampaignRun:
         return self._tracked("evaluate", round_no, work)
 
     def checkpoint(self, round_no: int) -> dict[str, Any]:
-        """Checkpoint after ``round_no``: to the store and the MLflow run (``checkpoints/vNNNNNN``),
+        """Checkpoint after ``round_no``: all of it to the store (what a resume reads), and to the
+        MLflow run (``checkpoints/vNNNNNN``) all but the optimizer states (``OPTIMIZER_FILES``,
+        twice the weights under AdamW: the run keeps the model, the store the means to resume);
         then retention: the newest ``checkpoint.keep_last`` and, with ``keep_best``, the one with
         the best held-out accuracy stay; the others go from both places."""
         accuracy = self.state.evals.get(str(round_no))
         with tempfile.TemporaryDirectory() as out:
             manifest = self.campaign.checkpoint(round_no, Path(out), eval_accuracy=accuracy, created_at=now())
+            for name in OPTIMIZER_FILES:
+                Path(out, name).unlink(missing_ok=True)
             self.tracker.log_artifacts(out, _artifact_path(manifest["prefix"]))
         self.state.checkpoint, self.state.checkpoint_round = manifest["prefix"], round_no
         self.states.write(self.state)

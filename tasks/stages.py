@@ -76,7 +76,8 @@ TASKS = {
                                  "(a trainer process first waits for the explorer's round)."),
     "sync": _step_task("sync", "Publish the trainer's weights to the explorer, when due (sync.interval)."),
     "evaluate": _step_task("evaluate", "Greedy accuracy on the held-out split (round 0: before the rounds)."),
-    "checkpoint": _step_task("checkpoint", "Weights, optimizer, RNG and buffer state to the store and MLflow."),
+    "checkpoint": _step_task("checkpoint", "Weights, optimizer, RNG, buffer state to the store; all but "
+                                           "the optimizer to MLflow."),
     "register": _step_task("register", "Log the final model and register it as a model version (once).",
                            **IDEMPOTENT),
     "promote": _step_task("promote", "The registered version against @champion: the alias moves on a clear win."),

@@ -23,6 +23,9 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from components.train.trainer import Trainer
 
 
+OPTIMIZER_FILES = ("optimizer.pt", "critic_optimizer.pt")  # resume state only: 2x the weights' size under AdamW
+
+
 def save_trainer(trainer: Trainer, out: Path) -> None:
     """Write ``trainer``'s policy, optimizer, counters (and critic, reference) under ``out``."""
     out.mkdir(parents=True, exist_ok=True)

@@ -76,6 +76,9 @@ def test_checkpoints_are_committed_kept_by_retention_and_logged_to_the_run(start
     assert {"model.safetensors", "optimizer.pt", "campaign.json", "tokenizer.json"} <= set(final["files"])
     logged = [a.path for a in run.tracker.client.list_artifacts(run.tracker.run_id, "checkpoints")]
     assert logged == [f"checkpoints/v{m['version']:06d}" for m in manifests]
+    # the run keeps the model of each checkpoint; the optimizer state (resume only) stays in the store
+    in_run = {a.path.rsplit("/", 1)[-1] for a in run.tracker.client.list_artifacts(run.tracker.run_id, logged[-1])}
+    assert {"model.safetensors", "campaign.json", "tokenizer.json"} <= in_run and "optimizer.pt" not in in_run
     state = json.loads(run.campaign.store.objects.get(f"{run.state.checkpoint}/campaign.json"))
     assert state["round"] == 5 and state["buffer_state"]["fifo_cursor"]["shard"].endswith("round=5/part-00000.parquet")
 
