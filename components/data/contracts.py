@@ -143,7 +143,7 @@ def contract_suite(kind: str, bounds: ContractBounds):
             add(E.ExpectColumnValuesToNotBeNull(column=column))
             add(E.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1, max_value=bounds.max_text_chars))
         return suite
-    # Experience suites run every round and GX spends ~5 ms per expectation whatever the row count (memoized),
+    # Experience suites run every round and GX spends ~5 ms per expectation whatever the row count (with ``_memoized``),
     # so the suite is kept short: the rules with configured bounds are expectations over numbers
     # ``_experience_frame`` measures (a null text has length 0; a null response, which may be
     # empty, -1); the unparameterised per-row rules are flag columns, all checked by one
