@@ -90,6 +90,9 @@ def _batch_definition():
     return asset.add_batch_definition_whole_dataframe("batch")
 
 
+MEMOIZED = "Memoized"  # the suffix of the memoized classes' names (``…_memoized`` as GX types)
+
+
 @cache
 def _memoized(name: str):
     """GX's expectation class ``name``, but computing its ``configuration`` once per object.
@@ -113,7 +116,7 @@ def _memoized(name: str):
             base.__setattr__(self, "_configuration", None)
         base.__setattr__(self, field, value)
 
-    return type(f"{name}Memoized", (base,), {"__module__": __name__, "_configuration": pydantic.PrivateAttr(None),
+    return type(f"{name}{MEMOIZED}", (base,), {"__module__": __name__, "_configuration": pydantic.PrivateAttr(None),
                                               "configuration": property(configuration), "__setattr__": __setattr__})
 
 
@@ -126,7 +129,7 @@ class _Expectations:
 
 def _gx_name(expectation_type: str) -> str:
     """The GX expectation a (memoized) expectation type extends: ``expect_..._to_be_between``."""
-    return expectation_type.removesuffix("_memoized")
+    return expectation_type.removesuffix(f"_{MEMOIZED.lower()}")
 
 
 @cache
@@ -143,8 +146,8 @@ def contract_suite(kind: str, bounds: ContractBounds):
             add(E.ExpectColumnValuesToNotBeNull(column=column))
             add(E.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1, max_value=bounds.max_text_chars))
         return suite
-    # Experience suites run every round and GX spends ~5 ms per expectation whatever the row count (with ``_memoized``),
-    # so the suite is kept short: the rules with configured bounds are expectations over numbers
+    # Experience suites run every round and GX spends ~5 ms per expectation whatever the row count
+    # (with ``_memoized``), so the suite is kept short: the rules with configured bounds are expectations over numbers
     # ``_experience_frame`` measures (a null text has length 0; a null response, which may be
     # empty, -1); the unparameterised per-row rules are flag columns, all checked by one
     # expectation whose reason names the false flags.

@@ -23,19 +23,20 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from components.train.trainer import Trainer
 
 
-OPTIMIZER_FILES = ("optimizer.pt", "critic_optimizer.pt")  # resume state only: 2x the weights' size under AdamW
+OPTIMIZER, CRITIC_OPTIMIZER = "optimizer.pt", "critic_optimizer.pt"
+OPTIMIZER_FILES = (OPTIMIZER, CRITIC_OPTIMIZER)  # resume state only: 2x the weights' size under AdamW
 
 
 def save_trainer(trainer: Trainer, out: Path) -> None:
     """Write ``trainer``'s policy, optimizer, counters (and critic, reference) under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     trainer.unwrapped.save_pretrained(out)
-    torch.save(trainer.optimizer.state_dict(), out / "optimizer.pt")
+    torch.save(trainer.optimizer.state_dict(), out / OPTIMIZER)
     lr = trainer.optimizer.param_groups[0]["lr"]
     (out / "trainer.json").write_text(json.dumps({"steps": trainer.steps, "lr": lr}))
     if trainer.critic is not None:
         trainer.accelerator.unwrap_model(trainer.critic.model).save_pretrained(out / "critic")
-        torch.save(trainer.critic.optimizer.state_dict(), out / "critic_optimizer.pt")
+        torch.save(trainer.critic.optimizer.state_dict(), out / CRITIC_OPTIMIZER)
     if trainer.ref_model is not None:
         trainer.ref_model.save_pretrained(out / "reference")
 
@@ -43,7 +44,7 @@ def save_trainer(trainer: Trainer, out: Path) -> None:
 def load_trainer(trainer: Trainer, src: Path) -> None:
     """Restore what ``save_trainer`` wrote into ``trainer`` (made with the same config)."""
     _copy_weights(trainer.unwrapped, AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype))
-    trainer.optimizer.load_state_dict(torch.load(src / "optimizer.pt", weights_only=True))
+    trainer.optimizer.load_state_dict(torch.load(src / OPTIMIZER, weights_only=True))
     counters = json.loads((src / "trainer.json").read_text())
     trainer.steps = counters["steps"]
     trainer.set_lr(counters["lr"])
@@ -54,7 +55,7 @@ def load_trainer(trainer: Trainer, src: Path) -> None:
     if (src / "critic").is_dir():
         critic = trainer.accelerator.unwrap_model(trainer.critic.model)
         _copy_weights(critic, AutoModelForTokenClassification.from_pretrained(src / "critic"))
-        trainer.critic.optimizer.load_state_dict(torch.load(src / "critic_optimizer.pt", weights_only=True))
+        trainer.critic.optimizer.load_state_dict(torch.load(src / CRITIC_OPTIMIZER, weights_only=True))
 
 
 @torch.no_grad()
