@@ -40,7 +40,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from components.buffer.shards import committed_shards, is_committed, read_committed, read_shard, write_shard
+from components.buffer.shards import (committed_shards, is_committed, read_committed, read_shard, shard_key,
+                                     write_shard)
 from components.buffer.store import ObjectStore, open_store, store_options
 from components.data.experience import SCHEMA
 
@@ -114,12 +115,14 @@ class CampaignStore:
     """Typed access to one campaign's objects in ``store`` (see the module docstring for the layout).
 
     Committed shards never change, so the ones read often (explorer rounds, demonstrations, human
-    rows) are cached in memory.
+    rows) are cached in memory, and so is a staging shard this object committed until the next
+    stage reads it (a retried stage, or another process, reads the store).
     """
 
     def __init__(self, store: ObjectStore, campaign: str):
         self.objects, self.campaign = store, campaign
         self._shards: dict[str, pa.Table] = {}
+        self._staged: dict[str, pa.Table] = {}
         self._expert: pa.Table | None = None
         self._human: pa.Table | None = None
 
@@ -149,14 +152,18 @@ class CampaignStore:
 
     # staging between the stages of one round -------------------------------------------------
     def write_staging(self, round_no: int, stage: str, table: pa.Table) -> str:
-        return write_shard(self.objects, self.key("staging", round_dir(round_no), stage), table)
+        return write_shard(self.objects, self.key("staging", round_dir(round_no), stage), table,
+                           committed=self._staged)
 
     def read_staging(self, round_no: int, stage: str) -> pa.Table:
-        return read_committed(self.objects, self.key("staging", round_dir(round_no), stage))
+        prefix = self.key("staging", round_dir(round_no), stage)
+        staged = self._staged.pop(shard_key(prefix), None)
+        return staged if staged is not None else read_committed(self.objects, prefix)
 
     # experiences -----------------------------------------------------------------------------
     def write_usual(self, round_no: int, table: pa.Table) -> str:
-        return write_shard(self.objects, self.key("experiences", "usual", round_dir(round_no)), table)
+        return write_shard(self.objects, self.key("experiences", "usual", round_dir(round_no)), table,
+                           committed=self._shards)
 
     def round_committed(self, round_no: int) -> bool:
         """Whether round ``round_no``'s explorer experiences are committed (its buffer stage ran)."""

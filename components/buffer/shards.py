@@ -44,8 +44,13 @@ def is_committed(store: ObjectStore, prefix: str, part: int = 0) -> bool:
     return store.exists(_marker_key(prefix, part))
 
 
-def write_shard(store: ObjectStore, prefix: str, table: pa.Table, part: int = 0) -> str:
-    """Write ``table`` as shard ``part`` under ``prefix`` and commit it; idempotent. Returns the key."""
+def write_shard(store: ObjectStore, prefix: str, table: pa.Table, part: int = 0,
+                committed: dict[str, pa.Table] | None = None) -> str:
+    """Write ``table`` as shard ``part`` under ``prefix`` and commit it; idempotent. Returns the key.
+
+    With ``committed`` (a reader's cache, key → table), a shard this call commits goes there too,
+    decoded from the bytes written, so it is what ``read_shard`` would return; a shard an earlier
+    run committed does not (its rows may differ from ``table``)."""
     key, marker = shard_key(prefix, part), _marker_key(prefix, part)
     if is_committed(store, prefix, part):
         return key  # committed by an earlier (possibly crashed-after-commit) run
@@ -54,7 +59,8 @@ def write_shard(store: ObjectStore, prefix: str, table: pa.Table, part: int = 0)
     data = sink.getvalue()
     store.put(key, data)  # overwrite: an uncommitted leftover from a crash is replaced
     meta = {"rows": table.num_rows, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    store.put(marker, json.dumps(meta).encode(), if_absent=True)
+    if store.put(marker, json.dumps(meta).encode(), if_absent=True) and committed is not None:
+        committed[key] = _decode(data)
     return key
 
 
@@ -72,7 +78,13 @@ def read_shard(store: ObjectStore, key: str) -> pa.Table:
     if hashlib.sha256(data).hexdigest() != meta["sha256"]:
         raise ShardError(f"shard {key}: its bytes are not the ones its commit marker describes (sha256); "
                          "two writers wrote it at once: run one campaign per store prefix at a time")
-    return pq.read_table(io.BytesIO(data))
+    return _decode(data)
+
+
+def _decode(data: bytes) -> pa.Table:
+    # ``ParquetFile.read``: the same table as ``pq.read_table``, without its dataset machinery
+    # (1.0 against 1.8 ms for a round's 64 rows)
+    return pq.ParquetFile(io.BytesIO(data)).read()
 
 
 def read_committed(store: ObjectStore, prefix: str, schema: pa.Schema | None = None,

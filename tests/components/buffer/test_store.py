@@ -94,6 +94,30 @@ def test_shard_is_invisible_until_committed_and_rewrites_are_idempotent(store):
     assert read_committed(store, "exp").column("x").to_pylist() == [1, 2, 3]
 
 
+def test_a_staging_shard_is_read_back_as_committed_by_whoever_committed_it(open_at):
+    from components.buffer.layout import CampaignStore
+
+    rows = pa.table({"x": pa.array([1, 2, 3], pa.int32()), "tag": ["a", None, "c"]})
+    writer, reader = CampaignStore(open_at(), "c1"), CampaignStore(open_at(), "c1")
+    writer.write_staging(1, "rollouts", rows)
+    from_store = reader.read_staging(1, "rollouts")
+    assert writer.read_staging(1, "rollouts").equals(from_store) and from_store.equals(rows)
+    # a rerun of the stage commits nothing (the shard is there): the next stage reads the
+    # committed rows, not the rerun's
+    rerun = CampaignStore(open_at(), "c1")
+    rerun.write_staging(1, "rollouts", pa.table({"x": pa.array([9], pa.int32()), "tag": ["z"]}))
+    assert rerun.read_staging(1, "rollouts").equals(rows)
+    # what the writer kept goes with its first read: a retried stage reads the store
+    writer.write_staging(2, "verified", rows)
+    writer.read_staging(2, "verified")
+    store = open_at()
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"x": pa.array([7], pa.int32()), "tag": ["q"]}), sink)
+    store.put(shard_key("c1/staging/round=2/verified"), sink.getvalue())  # the store's bytes change
+    with pytest.raises(ShardError):
+        writer.read_staging(2, "verified")
+
+
 def test_a_shard_overwritten_after_its_commit_fails_loudly_on_read(store):
     # two writers raced: A committed, then B's data landed over A's bytes under A's marker
     key = write_shard(store, "race/round=1", pa.table({"x": [1, 2, 3]}))
