@@ -40,12 +40,12 @@ from components.campaign import ROUND, Campaign
 from components.explore.engines import HFRolloutEngine
 from components.run import CampaignRun
 from components.train.trainer import Trainer
-from vs_trl import WORK as TRL_WORK  # benchmarks/ is on sys.path when a script in it runs
+from vs_trl import LR as TRL_LR, WORK as TRL_WORK  # benchmarks/ is on sys.path when a script in it runs
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
 SETTINGS = {
     "default": [],
-    "trl-sized": [*TRL_WORK, "explorer.max_new_tokens=8"],
+    "trl-sized": [*TRL_WORK, f"trainer.lr={TRL_LR}", "explorer.max_new_tokens=8"],
 }
 STEPS_IN_ROUNDS = (*ROUND, "evaluate", "checkpoint")
 FIRST_ROUND = 2  # round 1 also pays one-time costs (the taskset read into memory): not counted

@@ -16,7 +16,10 @@ side runs in its own process with ``--threads`` torch threads; the figures:
   ``--repeats`` times, sides interleaved, and the median is reported with the range (on a shared
   2-core machine one side's runs spread by up to a third);
 - peak RSS of the process;
-- held-out greedy accuracy (the same 200 tasks, rftflow's evaluator) after the steps.
+- held-out greedy accuracy (the same 200 tasks, rftflow's evaluator) after the steps;
+- the mean response length in tokens over the steps: the sides sample their own
+  responses, so the work stays identical only while their policies do; at the issue's lr 1e-3
+  both lose their accuracy within 40 steps, and their lengths part (``--lr`` sets another rate).
 
 The start model: ``--init warm`` (default) is ``builtin:tiny`` after 1000 SFT steps on
 demonstrations, made once by rftflow and saved as a Hugging Face directory, so accuracy means
@@ -48,14 +51,15 @@ SIDES = ("trl", "loop", "flow")
 
 # The work above as rftflow config keys (over configs/arith-mix.yaml), but for the new tokens
 WORK = ["algorithm.name=grpo", "algorithm.lr_scale=1", "buffer.expert_per_round=0",
-        f"explorer.tasks_per_round={PROMPTS}", f"explorer.repeat_times={GROUP}", "trainer.lr=1e-3",
+        f"explorer.tasks_per_round={PROMPTS}", f"explorer.repeat_times={GROUP}",
         "trainer.min_lr=null", "trainer.weight_decay=0.0", f"trainer.micro_batch_size={PROMPTS * GROUP}"]
+LR = 1e-3  # the issue's setting
 
 
-def overrides(model_dir: str, tokens: int, steps: int, seed: int, threads: int) -> list[str]:
+def overrides(model_dir: str, tokens: int, steps: int, seed: int, threads: int, lr: float = LR) -> list[str]:
     """rftflow's config for one run of the work above."""
-    return [f"model.path={model_dir}", *WORK, f"explorer.max_new_tokens={tokens}", "trainer.warmup_steps=0",
-            f"rounds={steps}", f"seed={seed}", f"threads={threads}", f"eval.every={steps}",
+    return [f"model.path={model_dir}", *WORK, f"trainer.lr={lr}", f"explorer.max_new_tokens={tokens}",
+            "trainer.warmup_steps=0", f"rounds={steps}", f"seed={seed}", f"threads={threads}", f"eval.every={steps}",
             f"checkpoint.every={steps}", "promotion.after_campaign=false"]
 
 
@@ -95,7 +99,7 @@ def side_trl(cfg, args) -> dict:
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="vs-trl-"), use_cpu=True, seed=args.seed, max_steps=args.steps,
         per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP, max_completion_length=args.tokens,
-        temperature=1.0, top_k=0, top_p=1.0, learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0,
+        temperature=1.0, top_k=0, top_p=1.0, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, max_grad_norm=1.0, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
         report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
         # rftflow trains in float32 and keeps activations: TRL 1.16 defaults to bf16 autocast and gradient
@@ -104,10 +108,18 @@ def side_trl(cfg, args) -> dict:
     )
     data = Dataset.from_list([{"prompt": t.prompt} for t in taskset.train])
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer)
+    lengths, log = [], trainer.log
+
+    def keep_lengths(logs, *rest):  # TRL keeps a length per step until a log, which clears them
+        lengths.extend(trainer._metrics["train"].get("completions/mean_length", []))
+        return log(logs, *rest)
+
+    trainer.log = keep_lengths
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "accuracy": accuracy(trainer.model, tokenizer, cfg, taskset.held_out, reward_fn)}
+    return {"seconds": seconds, "accuracy": accuracy(trainer.model, tokenizer, cfg, taskset.held_out, reward_fn),
+            "response_tokens": mean(lengths) if len(lengths) == args.steps else float("nan")}
 
 
 def side_loop(cfg, args) -> dict:
@@ -117,16 +129,17 @@ def side_loop(cfg, args) -> dict:
         campaign = Campaign(cfg, run_dir)
         campaign.prepare()
         campaign.warm_start()  # no steps: publishes the start weights
-        start = time.perf_counter()
+        start, lengths = time.perf_counter(), []
         for r in range(1, args.steps + 1):
-            campaign.run_round(r)
+            lengths.append(campaign.run_round(r)["explore/response_len"])
         seconds = time.perf_counter() - start
-        return {"seconds": seconds, "accuracy": campaign.evaluate()["eval/accuracy"]}
+        return {"seconds": seconds, "accuracy": campaign.evaluate()["eval/accuracy"], "response_tokens": mean(lengths)}
 
 
 def side_flow(cfg, args) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
-        sets = [a for o in overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads) for a in ("--set", o)]
+        sets = [a for o in overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads, args.lr)
+                for a in ("--set", o)]
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(CONFIG), "--run-dir", run_dir,
                                *sets], capture_output=True, text=True, cwd=ROOT)
@@ -135,8 +148,13 @@ def side_flow(cfg, args) -> dict:
             raise SystemExit(f"rftflow run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        from mlflow import MlflowClient
+
+        lengths = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history(summary["mlflow_run_id"],
+                                                                                  "explore/response_len")
         return {"seconds": summary["rounds_wall_seconds"], "accuracy": summary["eval_accuracy_after"],
-                "outside_rounds_s": wall - summary["rounds_wall_seconds"], "peak_rss_mb": rss}
+                "outside_rounds_s": wall - summary["rounds_wall_seconds"], "peak_rss_mb": rss,
+                "response_tokens": mean(m.value for m in lengths) if lengths else float("nan")}
 
 
 def make_warm_start(model_dir: str, args) -> float:
@@ -163,7 +181,8 @@ def child(args) -> None:
     from components.config import load_config
 
     torch.set_num_threads(args.threads)
-    cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads)])
+    cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads,
+                                                         args.lr)])
     result = {"side_trl": side_trl, "side_loop": side_loop, "side_flow": side_flow}[f"side_{args.side}"](cfg, args)
     result.setdefault("peak_rss_mb", peak_rss_mb())
     print("RESULT " + json.dumps(result), flush=True)
@@ -172,7 +191,8 @@ def child(args) -> None:
 def run_side(side: str, model_dir: str, tokens: int, args) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     done = subprocess.run([sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--tokens", str(tokens),
-                           "--steps", str(args.steps), "--seed", str(args.seed), "--threads", str(args.threads)],
+                           "--steps", str(args.steps), "--seed", str(args.seed), "--threads", str(args.threads),
+                           "--lr", str(args.lr)],
                           capture_output=True, text=True, env=env, cwd=ROOT)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -186,6 +206,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=LR, help="the constant learning rate of both sides")
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--repeats", type=int, default=3, help="runs per side and setting; the median is reported")
     parser.add_argument("--init", choices=("warm", "tiny"), default="warm")
@@ -219,21 +240,23 @@ def main() -> None:
                 for side in sides:
                     runs[side].append(r := run_side(side, model_dir, tokens, args))
                     print(f"{tokens} tokens, {side}, run {repeat + 1}/{args.repeats}: "
-                          f"{samples_per_s(r['seconds'], args.steps):.0f} samples/s, accuracy {r['accuracy']:.3f}",
+                          f"{samples_per_s(r['seconds'], args.steps):.0f} samples/s, accuracy {r['accuracy']:.3f}, "
+                          f"response tokens {r.get('response_tokens', float('nan')):.1f}",
                           flush=True)
             rows.append((tokens, {side: summarize(rs, args.steps) for side, rs in runs.items()}))
-    print(f"\n{args.steps} steps of {PROMPTS} prompts x {GROUP} responses, {args.threads} threads, seed {args.seed}, "
-          f"start model {args.init}; median of {args.repeats} runs per side (range)\n")
-    print("| new tokens | side | samples/s (range) | s/step | peak RSS MB | accuracy | vs TRL |\n| --- | --- | --- | --- | --- | --- | --- |")
+    print(f"\n{args.steps} steps of {PROMPTS} prompts x {GROUP} responses, lr {args.lr:g}, {args.threads} threads, "
+          f"seed {args.seed}, start model {args.init}; median of {args.repeats} runs per side (range)\n")
+    print("| new tokens | side | samples/s (range) | s/step | peak RSS MB | accuracy | response tokens | vs TRL |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
     for tokens, results in rows:
         base = results.get("trl", {}).get("samples_per_s")
         for side, r in results.items():
             ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
             print(f"| {tokens} | {side} | {r['samples_per_s']:.0f} ({r['range']}) | {r['seconds'] / args.steps:.3f} | "
-                  f"{r['peak_rss_mb']:.0f} | {r['accuracy']:.3f} | {ratio} |")
+                  f"{r['peak_rss_mb']:.0f} | {r['accuracy']:.3f} | {r['response_tokens']:.1f} | {ratio} |")
         if "loop" in results and "flow" in results:
-            print(f"| {tokens} | flow / loop time | {results['flow']['seconds'] / results['loop']['seconds']:.2f} | | | | "
-                  f"before and after the rounds {results['flow']['outside_rounds_s']:.0f} s |")
+            print(f"| {tokens} | flow / loop time | {results['flow']['seconds'] / results['loop']['seconds']:.2f} | | | "
+                  f"| | before and after the rounds {results['flow']['outside_rounds_s']:.0f} s |")
 
 
 def summarize(runs: list[dict], steps: int) -> dict:
@@ -242,7 +265,8 @@ def summarize(runs: list[dict], steps: int) -> dict:
     rates = [samples_per_s(r["seconds"], steps) for r in runs]
     seconds = median(r["seconds"] for r in runs)
     out = {"seconds": seconds, "samples_per_s": samples_per_s(seconds, steps), "range": f"{min(rates):.0f}-{max(rates):.0f}",
-           "accuracy": mean(r["accuracy"] for r in runs), "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
+           "accuracy": mean(r["accuracy"] for r in runs), "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+           "response_tokens": mean(r.get("response_tokens", float("nan")) for r in runs)}
     if "outside_rounds_s" in runs[0]:
         out["outside_rounds_s"] = median(r["outside_rounds_s"] for r in runs)
     return out
