@@ -243,7 +243,7 @@ class Campaign:
         verified = self.store.read_staging(round_no, "verified")
         rejected = pc.is_valid(verified.column("reason"))
         accepted = verified.filter(pc.invert(rejected)).drop_columns(["reason"])
-        self.store.write_usual(round_no, accepted)
+        self.store.write_usual(round_no, accepted, keep=self.has_trainer)
         self.store.write_quarantine(round_no, verified.filter(rejected))
         rates = self.pass_rates()
         if rates.add_round(round_no, measured_rewards(verified)):

@@ -161,9 +161,11 @@ class CampaignStore:
         return staged if staged is not None else read_committed(self.objects, prefix)
 
     # experiences -----------------------------------------------------------------------------
-    def write_usual(self, round_no: int, table: pa.Table) -> str:
+    def write_usual(self, round_no: int, table: pa.Table, keep: bool = True) -> str:
+        """Commit a round's accepted explorer rows; ``keep``: also in the shard cache, for a trainer
+        in this process (an explorer process alone never reads them)."""
         return write_shard(self.objects, self.key("experiences", "usual", round_dir(round_no)), table,
-                           committed=self._shards)
+                           committed=self._shards if keep else None)
 
     def round_committed(self, round_no: int) -> bool:
         """Whether round ``round_no``'s explorer experiences are committed (its buffer stage ran)."""

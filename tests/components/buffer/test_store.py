@@ -116,6 +116,13 @@ def test_a_staging_shard_is_read_back_as_committed_by_whoever_committed_it(open_
     store.put(shard_key("c1/staging/round=2/verified"), sink.getvalue())  # the store's bytes change
     with pytest.raises(ShardError):
         writer.read_staging(2, "verified")
+    # accepted rows: kept for this process's trainer, or not (an explorer alone never reads them)
+    kept, not_kept = writer.write_usual(1, rows), writer.write_usual(2, rows, keep=False)
+    for key in (kept, not_kept):
+        store.put(key, sink.getvalue())
+    assert writer.shard(kept).equals(rows)
+    with pytest.raises(ShardError):
+        writer.shard(not_kept)
 
 
 def test_a_shard_overwritten_after_its_commit_fails_loudly_on_read(store):
