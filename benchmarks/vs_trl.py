@@ -3,7 +3,7 @@
 The work, the same on both sides: one start model directory, reasoning-gym chain_sum (2 terms, at
 most 2 digits, prompt "{expression} ="), 8 prompts x 8 sampled responses per step, temperature 1,
 ``--tokens`` new tokens at most, GRPO advantages (group mean and std), token-mean clipped loss,
-beta = 0 (no reference model), AdamW at a constant lr 1e-3 with no weight decay, gradient norm
+beta = 0 (no reference model), AdamW at a constant lr (``--lr``, 1e-3) with no weight decay, gradient norm
 clipped to 1, one optimizer step per step, ``--steps`` steps, in float32 with activations kept (TRL's
 defaults of bf16 autocast and gradient checkpointing are turned off: they are other work). Each
 side runs in its own process with ``--threads`` torch threads; the figures:
