@@ -73,6 +73,8 @@ class Campaign:
                                             dtype=cfg.model.dtype)
         # the explorer's own copy; a trainer alone evaluates with its policy itself (hf)
         explorer_model = copy.deepcopy(policy) if self.has_trainer and self.has_explorer else policy
+        if torch.cuda.is_available() and cfg.explorer.engine == "hf":
+            explorer_model.to("cuda")  # decode where the trainer trains (the Trainer's Accelerator picks cuda too)
         engine = cfg.explorer if self.has_explorer else cfg.explorer.model_copy(update={"engine": "hf"})
         self.engine = make_engine(engine, explorer_model, self.tokenizer, cfg.model, seed=cfg.seed)
         self.trainer: Trainer | None = None

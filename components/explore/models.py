@@ -162,7 +162,9 @@ def load_model(
     where: dict = {"local_files_only": not allow_download}
     if resolved.endswith(".gguf"):  # de-quantized by transformers into an ordinary model
         resolved, where["gguf_file"] = str(Path(resolved).parent), Path(resolved).name
-    tokenizer = AutoTokenizer.from_pretrained(resolved, **where)
+    # a GGUF's tokenizer asks for a clean-up that BPE ignores (transformers < 5.23 warns so each load)
+    clean_up = {"clean_up_tokenization_spaces": False} if "gguf_file" in where else {}
+    tokenizer = AutoTokenizer.from_pretrained(resolved, **where, **clean_up)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
