@@ -5,7 +5,10 @@ rows in = accepted + quarantined, always. ``enforce`` fails a batch whose bad fr
 the configured threshold, naming its first bad rows.
 
 Contracts (one GX suite each, over a frame of the table's columns and derived ones: text lengths,
-token counts, and flag columns for the per-row rules GX has no expectation for, checked together):
+token counts, and flag columns for the per-row rules GX has no expectation for). An experience
+suite is one expectation, ``expect_multicolumn_values_within_bounds``: each measured column within
+its configured [low, high], each flag within [1, 1] (GX spends ~4 ms per expectation per
+validation whatever the row count, and this suite runs every round):
 
 - ``explorer`` experiences: ids, campaign, prompt non-null and non-empty (text lengths are measured
   without surrounding whitespace, so "  " is empty); response non-null;
@@ -94,17 +97,68 @@ MEMOIZED = "Memoized"  # the suffix of the memoized classes' names (``…_memoiz
 
 
 @cache
-def _memoized(name: str):
-    """GX's expectation class ``name``, but computing its ``configuration`` once per object.
+def _within_bounds():
+    """``ExpectMulticolumnValuesWithinBounds``: every row's value in each column of ``bounds``
+    (column → [low, high], None = open) lies within it; a null is not checked (as GX's
+    ``expect_column_values_to_be_between``: nulls are the flags' business). Built on first use, so
+    importing this module does not import GX."""
+    from typing import ClassVar, Optional
+
+    from great_expectations.execution_engine import PandasExecutionEngine
+    from great_expectations.expectations.expectation import MulticolumnMapExpectation
+    from great_expectations.expectations.metrics.map_metric_provider import MulticolumnMapMetricProvider
+    from great_expectations.expectations.metrics.map_metric_provider.multicolumn_condition_partial import (
+        multicolumn_condition_partial,
+    )
+
+    class MulticolumnValuesWithinBounds(MulticolumnMapMetricProvider):  # registers itself with GX
+        condition_metric_name = "multicolumn_values.within_bounds"
+        condition_domain_keys = ("batch_id", "table", "column_list", "row_condition", "condition_parser",
+                                 "ignore_row_if")
+        condition_value_keys = ("bounds",)
+
+        @multicolumn_condition_partial(engine=PandasExecutionEngine)
+        def _pandas(cls, column_list, bounds, **kwargs):
+            import pandas as pd
+
+            outside = _outside_bounds(column_list, bounds)
+            return pd.Series(~np.any(list(outside.values()), axis=0), index=column_list.index)
+
+    class ExpectMulticolumnValuesWithinBounds(MulticolumnMapExpectation):
+        """Each row's value in every column of ``bounds`` lies within that column's [low, high]."""
+
+        bounds: dict[str, list[Optional[float]]]
+        map_metric: ClassVar[str] = "multicolumn_values.within_bounds"
+        success_keys: ClassVar[tuple[str, ...]] = ("mostly", "bounds")
+        args_keys: ClassVar[tuple[str, ...]] = ("column_list", "bounds")
+
+    ExpectMulticolumnValuesWithinBounds.update_forward_refs(Optional=Optional)  # the annotations are strings here
+    return ExpectMulticolumnValuesWithinBounds
+
+
+def _outside_bounds(frame, bounds: dict) -> dict[str, np.ndarray]:
+    """Per column of ``bounds``: the rows whose (non-null) value lies outside [low, high]."""
+    outside = {}
+    for column, (low, high) in bounds.items():
+        values = frame[column].to_numpy(dtype=float, na_value=np.nan)  # a null compares False: never outside
+        bad = np.zeros(len(values), dtype=bool)
+        if low is not None:
+            bad |= values < low
+        if high is not None:
+            bad |= values > high
+        outside[column] = bad
+    return outside
+
+
+@cache
+def _memoized(base: type):
+    """GX's expectation class ``base``, but computing its ``configuration`` once per object.
 
     GX 1.x rebuilds an expectation's configuration (a pydantic ``dict()``) for every keyword it
     reads, some 800 times per validation of the explorer suite: half its time. This subclass keeps
     the built configuration until a field is set. It registers under its own name, so GX's own
     classes stay as they are; ``check`` names failures by the GX expectation it extends."""
-    import great_expectations as gx
     from great_expectations.compatibility import pydantic
-
-    base = getattr(gx.expectations, name)
 
     def configuration(self):
         if self._configuration is None:
@@ -116,15 +170,20 @@ def _memoized(name: str):
             base.__setattr__(self, "_configuration", None)
         base.__setattr__(self, field, value)
 
-    return type(f"{name}{MEMOIZED}", (base,), {"__module__": __name__, "_configuration": pydantic.PrivateAttr(None),
-                                              "configuration": property(configuration), "__setattr__": __setattr__})
+    return type(f"{base.__name__}{MEMOIZED}", (base,), {
+        "__module__": __name__, "_configuration": pydantic.PrivateAttr(None),
+        "configuration": property(configuration), "__setattr__": __setattr__})
 
 
 class _Expectations:
     """``gx.expectations``, memoized (``_memoized``): ``E.ExpectColumnValuesToBeNull(...)``."""
 
     def __getattr__(self, name: str):
-        return _memoized(name)
+        if name == "ExpectMulticolumnValuesWithinBounds":
+            return _memoized(_within_bounds())
+        import great_expectations as gx
+
+        return _memoized(getattr(gx.expectations, name))
 
 
 def _gx_name(expectation_type: str) -> str:
@@ -146,34 +205,37 @@ def contract_suite(kind: str, bounds: ContractBounds):
             add(E.ExpectColumnValuesToNotBeNull(column=column))
             add(E.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1, max_value=bounds.max_text_chars))
         return suite
-    # Experience suites run every round and GX spends ~5 ms per expectation whatever the row count
-    # (with ``_memoized``), so the suite is kept short: the rules with configured bounds are expectations over numbers
-    # ``_experience_frame`` measures (a null text has length 0; a null response, which may be
-    # empty, -1); the unparameterised per-row rules are flag columns, all checked by one
-    # expectation whose reason names the false flags.
-    add(E.ExpectColumnValuesToBeBetween(column="prompt_length", min_value=1, max_value=bounds.max_text_chars))
-    # an explorer response may be empty (the model stopped at once); a demonstration or a rated one not
-    add(E.ExpectColumnValuesToBeBetween(column="response_length", min_value=0 if kind == "explorer" else 1,
-                                        max_value=bounds.max_text_chars))
-    add(E.ExpectColumnValuesToBeInSet(column="source", value_set=[kind]))
-    add(E.ExpectColumnValuesToBeBetween(column="reward", min_value=bounds.reward_min, max_value=bounds.reward_max))
-    add(E.ExpectColumnValuesToBeBetween(column="prompt_tokens", min_value=1, max_value=bounds.max_prompt_tokens))
-    add(E.ExpectColumnValuesToBeBetween(column="response_tokens", min_value=1, max_value=bounds.max_response_tokens))
-    add(E.ExpectColumnValuesToBeBetween(column="model_version", min_value=0, max_value=bounds.max_model_version))
-    flags = _flags(kind)
-    add(E.ExpectMulticolumnSumToEqual(column_list=list(flags), sum_total=len(flags), ignore_row_if="never"))
-    if kind == "explorer" and bounds.group_size is not None:
-        add(E.ExpectColumnValuesToBeInSet(column="group_size", value_set=[bounds.group_size]))
+    add(E.ExpectMulticolumnValuesWithinBounds(column_list=list(b := experience_bounds(kind, bounds)), bounds=b,
+                                              ignore_row_if="never"))
     return suite
 
 
 IDS = ("experience_id", "campaign", "task_id", "group_id")
 
 
+def experience_bounds(kind: str, bounds: ContractBounds) -> dict[str, list]:
+    """The experience contract ``kind`` as bounds over ``_experience_frame``'s columns: measured
+    numbers within the configured limits (a null text has length 0; a null response, which may be
+    empty, -1), and every per-row flag true ([1, 1])."""
+    limits = {
+        "prompt_length": [1, bounds.max_text_chars],
+        # an explorer response may be empty (the model stopped at once); a demonstration or a rated one not
+        "response_length": [0 if kind == "explorer" else 1, bounds.max_text_chars],
+        "reward": [bounds.reward_min, bounds.reward_max],
+        "prompt_tokens": [1, bounds.max_prompt_tokens],
+        "response_tokens": [1, bounds.max_response_tokens],
+        "model_version": [0, bounds.max_model_version],
+        **{flag: [1, 1] for flag in _flags(kind)},
+    }
+    if kind == "explorer" and bounds.group_size is not None:
+        limits["group_size"] = [bounds.group_size, bounds.group_size]
+    return limits
+
+
 def _flags(kind: str) -> tuple[str, ...]:
     """The per-row flag columns of an experience contract: each must be true."""
-    flags = (*(f"{c}_present" for c in IDS), "round_valid", "reward_is_finite", "token_lengths_consistent",
-             "tokens_complete", "token_values_valid", "experience_id_is_first")
+    flags = (*(f"{c}_present" for c in IDS), "source_matches", "round_valid", "reward_is_finite",
+             "token_lengths_consistent", "tokens_complete", "token_values_valid", "experience_id_is_first")
     return (*flags, "has_logprobs") if kind == "explorer" else flags
 
 
@@ -206,9 +268,9 @@ def _not_binary(values: pa.Array) -> pa.Array:
     return pc.invert(pc.is_in(values, pa.array([0, 1], values.type)))
 
 
-def _experience_frame(table: pa.Table):
-    """The numbers and flags the experience contracts check, one row per experience (see
-    ``contract_suite``): text lengths, token counts, the reward, and derived per-row checks."""
+def _experience_frame(table: pa.Table, kind: str):
+    """The numbers and flags the experience contract ``kind`` checks, one row per experience (see
+    ``experience_bounds``): text lengths, token counts, the reward, and derived per-row checks."""
     import pandas as pd
 
     def length(column: str, null: int):  # text: without surrounding whitespace (" " is empty)
@@ -219,7 +281,7 @@ def _experience_frame(table: pa.Table):
     df = pd.DataFrame({f"{c}_present": length(c, 0) > 0 for c in IDS})  # non-null and non-empty
     df["prompt_length"] = length("prompt", 0)
     df["response_length"] = length("response", -1)
-    df["source"] = pd.Series(pc.fill_null(table.column("source"), "").to_pylist(), dtype=object)
+    df["source_matches"] = pc.fill_null(pc.equal(table.column("source"), kind), False).to_numpy(zero_copy_only=False)
     df["round_valid"] = pc.fill_null(table.column("round"), -1).to_numpy() >= 0
     df["prompt_tokens"] = length("prompt_ids", 0)
     df["response_tokens"] = length("response_ids", 0)
@@ -268,7 +330,7 @@ def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds())
         raise ValueError(f"unknown contract {kind!r}; known: {', '.join(KINDS)}")
     if table.num_rows == 0:
         return Verdict(table, table.append_column("reason", pa.array([], pa.string())))
-    frame = _task_frame(table) if kind == "tasks" else _experience_frame(table)
+    frame = _task_frame(table) if kind == "tasks" else _experience_frame(table, kind)
     batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
     # a pass/fail run first (about half the cost); the row indices of failures only when some row fails
     if batch.validate(contract_suite(kind, bounds), result_format={"result_format": "BOOLEAN_ONLY"}).success:
@@ -284,9 +346,10 @@ def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds())
             info = r.exception_info or {}
             raise RuntimeError(f"{kind} contract: {expectation}({kwargs.get('column') or kwargs.get('column_list')}) "
                                f"did not run: {info.get('exception_message') or info}")
+        outside = _outside_bounds(frame, kwargs["bounds"]) if "bounds" in kwargs else {}
         for index in indices:
-            if "column_list" in kwargs:  # the flags: name those that are false on this row
-                labels = [f"{expectation}({flag})" for flag in kwargs["column_list"] if not frame.at[index, flag]]
+            if outside:  # name the columns outside their bounds on this row
+                labels = [f"{expectation}({column})" for column, bad in outside.items() if bad[index]]
             elif kwargs["column"] == "parse_error":
                 labels = [f"{expectation}(parse_error): {frame.at[index, 'parse_error']}"]
             else:

@@ -110,10 +110,10 @@ def test_a_round_past_the_contract_threshold_fails_and_keeps_its_bad_rows(starte
     # rewards below 0.5 break this contract: the barely trained policy gets most answers wrong
     campaign = started("name=strict", "algorithm.name=grpo", "contracts.reward_min=0.5")
     campaign.explore(1)
-    with pytest.raises(ContractError, match=r"round 1 experiences: \d+ of 16 rows .* first: .*between\(reward\)"):
+    with pytest.raises(ContractError, match=r"round 1 experiences: \d+ of 16 rows .* first: .*within_bounds\(reward\)"):
         campaign.verify(1)
     bad = campaign.store.read_kind("failed", 1)
-    assert bad.num_rows > 0.1 * 16 and set(bad.column("reason").to_pylist()) == {"expect_column_values_to_be_between(reward)"}
+    assert bad.num_rows > 0.1 * 16 and set(bad.column("reason").to_pylist()) == {"expect_multicolumn_values_within_bounds(reward)"}
     assert bad.num_rows == campaign.validation_log[-1].quarantined  # the report counts the same rows
     assert campaign.store.read_kind("quarantine").num_rows == 0  # a failed round's rows are apart
     # the round runs again under a looser threshold: its rows are quarantined once, under the round

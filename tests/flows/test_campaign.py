@@ -215,4 +215,4 @@ def test_a_contract_failure_in_prepare_is_not_retried_and_keeps_its_rows(prefect
     report = (tmp_path / "validation" / "validation.md").read_text()
     assert report.count("| expert contract |") == 2  # the totals line and its batch, once each
     quarantined = CampaignStore(open_store((tmp_path / "store").as_uri()), "strict-prep").read_kind("quarantine")
-    assert quarantined.num_rows > 0 and "between(prompt_tokens)" in quarantined.column("reason")[0].as_py()
+    assert quarantined.num_rows > 0 and "within_bounds(prompt_tokens)" in quarantined.column("reason")[0].as_py()

@@ -31,8 +31,8 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
     outcome = json.loads(report.read_text())
     assert (outcome["rows"], outcome["accepted"], outcome["quarantined"]) == (12, 11, 1)
     assert outcome["by_source"] == {"human": 10, "expert": 1} and outcome["stored"] and outcome["new"]
-    assert set(outcome["reasons"]) == {"expect_column_values_to_be_between(prompt_length)",
-                                       "expect_column_values_to_be_between(prompt_tokens)"}  # the empty prompt
+    assert set(outcome["reasons"]) == {"expect_multicolumn_values_within_bounds(prompt_length)",
+                                       "expect_multicolumn_values_within_bounds(prompt_tokens)"}  # the empty prompt
     ls = CliRunner().invoke(app, ["buffer", "ls", str(tmp_path / "run")], terminal_width=200)  # before any run
     cells = [[c.strip() for c in line.split("│")[1:5]] for line in ls.output.splitlines()]
     assert ls.exit_code == 0 and ["human", "0", "human", "10"] in cells, ls.output
@@ -46,7 +46,7 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
     cfg = campaign.cfg
     report_text = Path(summary["validation_report"]).read_text()  # the file ingested before the run is in it
     assert "| ingested feedback file | 1 | 12 | 11 | 1 |" in report_text
-    assert "| ingested feedback file | 0 | 12 | 1 | expect_column_values_to_be_between(prompt_length) ×1" in report_text
+    assert "| ingested feedback file | 0 | 12 | 1 | expect_multicolumn_values_within_bounds(prompt_length) ×1" in report_text
     expert = expert_pool(campaign.store, cfg.buffer.human_min_reward)
     assert expert.column("source").to_pylist().count("human") == 10
     history = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history

@@ -48,21 +48,21 @@ def test_explorer_contract_corpus():
     for eid, reason in zip(verdict.quarantined.column("experience_id").to_pylist(),
                            verdict.quarantined.column("reason").to_pylist()):
         by_id.setdefault(eid, []).append(reason)
-    expect = {"e1": "sum_to_equal(reward_is_finite)", "e2": "sum_to_equal(reward_is_finite)", "e3": "between(reward)",
-              "e4": "sum_to_equal(token_lengths_consistent)", "e5": "sum_to_equal(token_lengths_consistent)",
-              "e6": "in_set(source)", "e7": "sum_to_equal(task_id_present)", "e8": "sum_to_equal(task_id_present)",
-              "e9": "between(prompt_length)", "e10": "between(model_version)",
-              "e11": "between(response_tokens)", "e12": "between(prompt_tokens)", "e13": "sum_to_equal(has_logprobs)",
-              "e14": "in_set(group_size)", "e16": "between(response_length)", "e17": "sum_to_equal(reward_is_finite)",
-              "e18": "in_set(source)", "e19": "sum_to_equal(campaign_present)", "e20": "sum_to_equal(round_valid)",
-              "e21": "sum_to_equal(tokens_complete)", "e22": "sum_to_equal(tokens_complete)",
-              "e23": "sum_to_equal(tokens_complete)", "e24": "sum_to_equal(tokens_complete)",
-              "e25": "in_set(group_size)", "e27": "sum_to_equal(token_values_valid)",
-              "e28": "sum_to_equal(token_values_valid)"}
+    expect = {"e1": "within_bounds(reward_is_finite)", "e2": "within_bounds(reward_is_finite)", "e3": "within_bounds(reward)",
+              "e4": "within_bounds(token_lengths_consistent)", "e5": "within_bounds(token_lengths_consistent)",
+              "e6": "within_bounds(source_matches)", "e7": "within_bounds(task_id_present)", "e8": "within_bounds(task_id_present)",
+              "e9": "within_bounds(prompt_length)", "e10": "within_bounds(model_version)",
+              "e11": "within_bounds(response_tokens)", "e12": "within_bounds(prompt_tokens)", "e13": "within_bounds(has_logprobs)",
+              "e14": "within_bounds(group_size)", "e16": "within_bounds(response_length)", "e17": "within_bounds(reward_is_finite)",
+              "e18": "within_bounds(source_matches)", "e19": "within_bounds(campaign_present)", "e20": "within_bounds(round_valid)",
+              "e21": "within_bounds(tokens_complete)", "e22": "within_bounds(tokens_complete)",
+              "e23": "within_bounds(tokens_complete)", "e24": "within_bounds(tokens_complete)",
+              "e25": "within_bounds(group_size)", "e27": "within_bounds(token_values_valid)",
+              "e28": "within_bounds(token_values_valid)"}
     for eid, label in expect.items():
         assert any(label in r for r in by_id[eid]), (eid, by_id[eid])
-    assert any("sum_to_equal(experience_id_is_first)" in r for r in by_id["e0"])  # the second e0 is the duplicate
-    assert by_id["e1"] == ["expect_multicolumn_sum_to_equal(reward_is_finite)"]  # only the false flag is named
+    assert any("within_bounds(experience_id_is_first)" in r for r in by_id["e0"])  # the second e0 is the duplicate
+    assert by_id["e1"] == ["expect_multicolumn_values_within_bounds(reward_is_finite)"]  # only the false flag is named
 
 
 def test_values_hidden_under_a_null_list_are_not_read():
@@ -74,15 +74,15 @@ def test_values_hidden_under_a_null_list_are_not_read():
                                       mask=pa.array([False, True, False]))
     verdict = check(table.set_column(table.schema.get_field_index("prompt_ids"), "prompt_ids", hidden), "explorer")
     assert verdict.accepted.column("experience_id").to_pylist() == ["e0", "e2"]
-    assert verdict.quarantined.column("reason").to_pylist() == ["expect_column_values_to_be_between(prompt_tokens)"]
+    assert verdict.quarantined.column("reason").to_pylist() == ["expect_multicolumn_values_within_bounds(prompt_tokens)"]
 
 
 def test_an_expectation_that_cannot_run_fails_the_check_instead_of_passing_rows(monkeypatch):
     import components.data.contracts as contracts
 
     real = contracts._experience_frame
-    monkeypatch.setattr(contracts, "_experience_frame", lambda table: real(table).drop(columns=["reward"]))
-    with pytest.raises(RuntimeError, match=r"explorer contract: expect_column_values_to_be_between\(reward\) did not run"):
+    monkeypatch.setattr(contracts, "_experience_frame", lambda table, kind: real(table, kind).drop(columns=["reward"]))
+    with pytest.raises(RuntimeError, match=r"explorer contract: expect_multicolumn_values_within_bounds\(\[.*\'reward\'.*\]\) did not run"):
         check(to_table([_row(0)]), "explorer")
 
 
@@ -90,19 +90,19 @@ def test_expert_and_human_contracts_differ_from_the_explorer_one():
     demo = _row(0, source="expert", response_logprobs=None, group_id="a")
     assert check(to_table([demo]), "expert").counts["accepted"] == 1  # no log-probs needed
     verdict = check(to_table([demo]), "human")
-    assert "in_set(source)" in verdict.quarantined.column("reason")[0].as_py()
+    assert "within_bounds(source_matches)" in verdict.quarantined.column("reason")[0].as_py()
     empty = check(to_table([_row(1, source="expert", response="", group_id="b"),
                             _row(2, source="expert", response=" \n", group_id="c")]), "expert")
-    assert empty.quarantined.column("reason").to_pylist() == ["expect_column_values_to_be_between(response_length)"] * 2
+    assert empty.quarantined.column("reason").to_pylist() == ["expect_multicolumn_values_within_bounds(response_length)"] * 2
     blank = check(to_table([_row(3, source="human", prompt="   ", group_id="d")]), "human")
-    assert blank.quarantined.column("reason").to_pylist() == ["expect_column_values_to_be_between(prompt_length)"]
+    assert blank.quarantined.column("reason").to_pylist() == ["expect_multicolumn_values_within_bounds(prompt_length)"]
 
 
 def test_threshold_fails_the_batch_naming_the_first_bad_rows():
     verdict = check(to_table([_row(0), _row(1, reward=9.0), _row(2, reward=9.0)]), "explorer")
     enforce(verdict, 0.7, "round 3")  # 2 of 3 ≤ 0.7: passes
     with pytest.raises(ContractError, match=r"round 3: 2 of 3 rows \(67%\) break the contract, above "
-                                            r"contracts.max_bad_fraction=0.5; first: e1: .*between\(reward\)"):
+                                            r"contracts.max_bad_fraction=0.5; first: e1: .*within_bounds\(reward\)"):
         enforce(verdict, 0.5, "round 3")
 
 
@@ -192,15 +192,15 @@ def test_feedback_corpus_is_quarantined_with_reasons_and_stored_once(tiny, tmp_p
                                                         result.quarantined.column("reason").to_pylist())}
     assert reasons[4] == "parse: feedback needs a 'rating' or a 'correction'"
     assert reasons[5] == "parse: 'rating' must be a number, got str"
-    assert "between(prompt_length)" in reasons[6]
-    assert "between(prompt_tokens)" in reasons[7]
+    assert "within_bounds(prompt_length)" in reasons[6]
+    assert "within_bounds(prompt_tokens)" in reasons[7]
     assert reasons[8] == "parse: missing 'prompt'"
-    assert "between(reward)" in reasons[9]
-    assert "sum_to_equal(reward_is_finite)" in reasons[10]
+    assert "within_bounds(reward)" in reasons[9]
+    assert "within_bounds(reward_is_finite)" in reasons[10]
     assert reasons[11] == "parse: not valid UTF-8"
     assert reasons[12] == "parse: not valid UTF-8 (an escaped lone surrogate)"
     assert reasons[13].startswith("parse: 'rating' 1000") and reasons[13].endswith("is out of range")
-    assert reasons[14] == "expect_column_values_to_be_between(response_length)"
+    assert reasons[14] == "expect_multicolumn_values_within_bounds(response_length)"
     correction = result.accepted.filter(pa.compute.equal(result.accepted.column("source"), "expert")).to_pylist()[0]
     assert correction["response"] == "8" and json.loads(correction["info"])["original_response"] == "9"
 
@@ -221,5 +221,5 @@ def test_validation_report_lists_stages_and_reasons():
                                verdict.reasons), ValidationEntry("expert contract", 0, 5, 5, 0, {})]
     text = validation_report(entries, "demo")
     assert "| experience contract | 1 | 2 | 1 | 1 |" in text and "| expert contract | 1 | 5 | 5 | 0 |" in text
-    assert "| experience contract | 1 | 2 | 1 | expect_column_values_to_be_between(reward) ×1 |" in text
+    assert "| experience contract | 1 | 2 | 1 | expect_multicolumn_values_within_bounds(reward) ×1 |" in text
     assert "expert contract | 0" not in text  # only batches that quarantined rows are listed

@@ -28,15 +28,15 @@ def test_bad_rows_are_quarantined_with_their_reasons_and_nothing_is_lost():
                        verdict.quarantined.column("reason").to_pylist()))
     assert verdict.accepted.column("experience_id").to_pylist() == ["e0"]
     assert "reward_is_finite" in reasons["e1"]
-    assert "between(reward)" in reasons["e2"]
+    assert "within_bounds(reward)" in reasons["e2"]
     assert "token_lengths_consistent" in reasons["e3"] and "token_lengths_consistent" in reasons["e7"]
-    assert "in_set(source)" in reasons["e4"]
-    assert "sum_to_equal(task_id_present)" in reasons["e5"]  # null counts as length 0
-    assert "between(model_version)" in reasons["e6"]
+    assert "within_bounds(source_matches)" in reasons["e4"]
+    assert "within_bounds(task_id_present)" in reasons["e5"]  # null counts as length 0
+    assert "within_bounds(model_version)" in reasons["e6"]
 
 
 def test_a_repeated_row_is_quarantined_alone_not_with_its_group():
     rows = [_row(0), _row(1), _row(1)]  # group g: e0, e1, and a second copy of e1
     verdict = check_experiences(to_table(rows), ContractBounds(group_size=2))
     assert verdict.accepted.column("experience_id").to_pylist() == ["e0", "e1"]
-    assert verdict.quarantined.column("reason").to_pylist() == ["expect_multicolumn_sum_to_equal(experience_id_is_first)"]
+    assert verdict.quarantined.column("reason").to_pylist() == ["expect_multicolumn_values_within_bounds(experience_id_is_first)"]
