@@ -111,9 +111,12 @@ class Campaign:
             metrics |= {"tasks/pipeline_dropped": dropped.num_rows, "tasks/pipeline_added": result.added}
         self.store.write_quarantine("tasks", taskset.quarantined)
         self._record("tasks contract", 0, taskset.rows_checked, taskset.quarantined)
+        fresh = not self.store.tasks_committed()  # else an earlier attempt's splits stay, and are read back
         self.store.write_tasks("train", train_table)
         self.store.write_tasks("eval", tasks_to_table(taskset.held_out))
         train = tasks_from_table(train_table)
+        if fresh:  # the rounds' tasks are these: no reading back what was just written (~1 s for 50k tasks)
+            self.__dict__["train_tasks"] = train
         expert = explorer.expert_demonstrations(self.engine, train, campaign=cfg.name,
                                                 limit=cfg.taskset.expert_tasks or None)
         verdict = check_experiences(expert, ContractBounds.of(cfg.contracts), kind="expert")
@@ -142,6 +145,7 @@ class Campaign:
 
     @functools.cached_property
     def train_tasks(self) -> list[Task]:
+        """The stored train split (a fresh ``prepare`` hands over the list it stored)."""
         return tasks_from_table(self.store.read_tasks("train"))
 
     @functools.cached_property
