@@ -4,6 +4,7 @@ on builtin:tiny, the buffer's options, the contract threshold of a round."""
 import math
 
 import pytest
+import torch
 
 from components.algorithms import PRESETS
 from components.campaign import ROUND, Campaign
@@ -125,3 +126,16 @@ def test_a_round_past_the_contract_threshold_fails_and_keeps_its_bad_rows(starte
     assert sorted(again.column("experience_id").to_pylist()) == sorted(bad.column("experience_id").to_pylist())
     counts = {c["kind"]: c["rows"] for c in campaign.store.counts() if c["round"] == 1 and c["kind"] != "usual"}
     assert counts == {"quarantine": bad.num_rows, "failed": bad.num_rows}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="decoding and training on a GPU need one (none here)")
+def test_with_a_gpu_the_explorer_decodes_and_the_trainer_trains_on_it(started):
+    campaign = started("name=gpu")
+    explorer_model, policy = campaign.engine.model, campaign.trainer.unwrapped
+    assert next(explorer_model.parameters()).device.type == next(policy.parameters()).device.type == "cuda"
+    before = next(policy.parameters()).detach().clone()
+    metrics = campaign.run_round(1)
+    assert metrics["explore/rows"] == campaign.cfg.explorer.tasks_per_round * campaign.cfg.explorer.repeat_times
+    assert not torch.equal(before, next(policy.parameters()))  # trained
+    for mine, theirs in zip(explorer_model.parameters(), policy.parameters()):  # and synced
+        assert torch.equal(mine, theirs)
