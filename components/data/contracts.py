@@ -179,8 +179,6 @@ class _Expectations:
     """``gx.expectations``, memoized (``_memoized``): ``E.ExpectColumnValuesToBeNull(...)``."""
 
     def __getattr__(self, name: str):
-        if name == "ExpectMulticolumnValuesWithinBounds":
-            return _memoized(_within_bounds())
         import great_expectations as gx
 
         return _memoized(getattr(gx.expectations, name))
@@ -205,8 +203,8 @@ def contract_suite(kind: str, bounds: ContractBounds):
             add(E.ExpectColumnValuesToNotBeNull(column=column))
             add(E.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1, max_value=bounds.max_text_chars))
         return suite
-    add(E.ExpectMulticolumnValuesWithinBounds(column_list=list(b := experience_bounds(kind, bounds)), bounds=b,
-                                              ignore_row_if="never"))
+    limits = experience_bounds(kind, bounds)
+    add(_memoized(_within_bounds())(column_list=list(limits), bounds=limits, ignore_row_if="never"))
     return suite
 
 
