@@ -111,7 +111,7 @@ class Campaign:
             metrics |= {"tasks/pipeline_dropped": dropped.num_rows, "tasks/pipeline_added": result.added}
         self.store.write_quarantine("tasks", taskset.quarantined)
         self._record("tasks contract", 0, taskset.rows_checked, taskset.quarantined)
-        fresh = not self.store.tasks_committed()  # else an earlier attempt's splits stay, and are read back
+        fresh = not self.store.tasks_committed("train")  # else an earlier attempt's split stays, and is read back
         self.store.write_tasks("train", train_table)
         self.store.write_tasks("eval", tasks_to_table(taskset.held_out))
         train = tasks_from_table(train_table)

@@ -143,9 +143,9 @@ class CampaignStore:
     def write_tasks(self, split: str, table: pa.Table) -> str:
         return write_shard(self.objects, self.key("tasksets", split), table)
 
-    def tasks_committed(self) -> bool:
-        """Whether both taskset splits are stored (the campaign was prepared)."""
-        return all(is_committed(self.objects, self.key("tasksets", split)) for split in ("train", "eval"))
+    def tasks_committed(self, *splits: str) -> bool:
+        """Whether the taskset ``splits`` (default both: the campaign was prepared) are stored."""
+        return all(is_committed(self.objects, self.key("tasksets", split)) for split in splits or ("train", "eval"))
 
     def read_tasks(self, split: str) -> pa.Table:
         return read_committed(self.objects, self.key("tasksets", split))

@@ -139,3 +139,17 @@ def test_with_a_gpu_the_explorer_decodes_and_the_trainer_trains_on_it(started):
     assert not torch.equal(before, next(policy.parameters()))  # trained
     for mine, theirs in zip(explorer_model.parameters(), policy.parameters()):  # and synced
         assert torch.equal(mine, theirs)
+
+
+def test_the_rounds_take_the_train_split_the_store_holds(tmp_path, default_config, small):
+    from components.data.tasksets import tasks_from_table
+
+    fresh = Campaign(default_config, tmp_path / "fresh", [*small, "name=split"])
+    fresh.prepare()  # hands over the split it stored
+    assert fresh.train_tasks == tasks_from_table(fresh.store.read_tasks("train"))
+    # an earlier attempt stored another train split and stopped before the eval split: that one is kept and used
+    campaign = Campaign(default_config, tmp_path / "resumed", [*small, "name=split"])
+    earlier = fresh.store.read_tasks("train").slice(0, 5)
+    campaign.store.write_tasks("train", earlier)
+    campaign.prepare()
+    assert campaign.train_tasks == tasks_from_table(earlier)
