@@ -241,7 +241,7 @@ def main() -> None:
                     runs[side].append(r := run_side(side, model_dir, tokens, args))
                     print(f"{tokens} tokens, {side}, run {repeat + 1}/{args.repeats}: "
                           f"{samples_per_s(r['seconds'], args.steps):.0f} samples/s, accuracy {r['accuracy']:.3f}, "
-                          f"response tokens {r.get('response_tokens', float('nan')):.1f}",
+                          f"response tokens {r['response_tokens']:.1f}",
                           flush=True)
             rows.append((tokens, {side: summarize(rs, args.steps) for side, rs in runs.items()}))
     print(f"\n{args.steps} steps of {PROMPTS} prompts x {GROUP} responses, lr {args.lr:g}, {args.threads} threads, "
@@ -266,7 +266,7 @@ def summarize(runs: list[dict], steps: int) -> dict:
     seconds = median(r["seconds"] for r in runs)
     out = {"seconds": seconds, "samples_per_s": samples_per_s(seconds, steps), "range": f"{min(rates):.0f}-{max(rates):.0f}",
            "accuracy": mean(r["accuracy"] for r in runs), "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-           "response_tokens": mean(r.get("response_tokens", float("nan")) for r in runs)}
+           "response_tokens": mean(r["response_tokens"] for r in runs)}
     if "outside_rounds_s" in runs[0]:
         out["outside_rounds_s"] = median(r["outside_rounds_s"] for r in runs)
     return out
