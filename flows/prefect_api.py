@@ -12,11 +12,17 @@ Its task-run recorder writes events in batches (``RECORDER_BATCHING``) rather th
 default of one transaction per event: measured on 2 cores, a task run then costs the server
 ~12 ms of CPU instead of ~25 ms (most of it SQLAlchemy compiling each insert). A task run reaches
 the database at most 2 s after its events; the queue is written out when the server stops.
+Stopped during a periodic write, the recorder logs that write's cancellation as an ERROR, though
+every event is queued again and written by its final flush: ``quiet_retried_flush`` says so at
+DEBUG instead (an event dropped is still an ERROR).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -40,6 +46,8 @@ except (OSError, AttributeError):  # not Linux: Prefect's atexit stop is what re
 if os.getppid() != int(os.environ["RFTFLOW_PREFECT_PARENT"]):
     sys.exit(0)
 os.nice(10)
+from flows.prefect_api import quiet_retried_flush
+quiet_retried_flush()
 from uvicorn.main import main
 main()
 """
@@ -48,6 +56,27 @@ main()
 # defaults only: the environment wins
 RECORDER_BATCHING = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",
                      "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "2"}
+
+
+_RETRIED_FLUSH = re.compile(r"Error flushing (\d+) events \(\1 to retry, 0 dropped\)")
+
+
+class _RetriedFlushAtDebug(logging.Filter):
+    """A recorder write cancelled with every event queued again (Prefect 3.8's ``consumer.flush``
+    puts the batch back, logs this ERROR, and its final flush writes the batch when the server
+    stops) becomes a DEBUG line without traceback; every other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        cancelled = record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError)
+        if not (record.levelno == logging.ERROR and cancelled and _RETRIED_FLUSH.fullmatch(record.getMessage())):
+            return True
+        record.levelno, record.levelname, record.exc_info, record.exc_text = logging.DEBUG, "DEBUG", None, None
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def quiet_retried_flush() -> None:
+    """Install ``_RetriedFlushAtDebug`` on the task-run recorder's logger (in the server process)."""
+    logging.getLogger("prefect.server.services.task_run_recorder").addFilter(_RetriedFlushAtDebug())
 
 
 def _server_ending_with_us():

@@ -3,11 +3,15 @@ database of ``PREFECT_HOME``, where a later server (``prefect server start``) fi
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from flows.prefect_api import quiet_retried_flush
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,3 +49,35 @@ def test_every_task_run_reaches_prefect_homes_database_after_the_run(tmp_path):
     assert "Traceback" not in done.stderr and "ERROR" not in done.stderr, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["runs"] == sorted([f"step[r={i}]", "COMPLETED", result["flow"]] for i in range(13))
+
+
+def test_a_recorder_write_cancelled_with_every_event_requeued_is_debug_and_a_dropped_event_stays_an_error():
+    """The records Prefect's recorder logs (``consumer.flush``), through the server's filter."""
+    logger = logging.getLogger("prefect.server.services.task_run_recorder")
+    filters, level, seen = list(logger.filters), logger.level, []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger.addHandler(handler)
+    quiet_retried_flush()
+
+    def flush_error(exc: BaseException, message: str) -> None:
+        try:
+            raise exc
+        except BaseException:
+            logger.error(message, exc_info=True)
+
+    try:
+        logger.setLevel(logging.WARNING)
+        flush_error(asyncio.CancelledError(), "Error flushing 39 events (39 to retry, 0 dropped)")
+        flush_error(asyncio.CancelledError(), "Error flushing 3 events (2 to retry, 1 dropped)")
+        flush_error(RuntimeError("database is locked"), "Error flushing 39 events (39 to retry, 0 dropped)")
+        logger.setLevel(logging.DEBUG)
+        flush_error(asyncio.CancelledError(), "Error flushing 5 events (5 to retry, 0 dropped)")
+    finally:
+        logger.removeHandler(handler)
+        logger.filters[:] = filters
+        logger.setLevel(level)
+    assert [(r.levelname, r.getMessage(), r.exc_info is not None) for r in seen] == [
+        ("ERROR", "Error flushing 3 events (2 to retry, 1 dropped)", True),
+        ("ERROR", "Error flushing 39 events (39 to retry, 0 dropped)", True),
+        ("DEBUG", "Error flushing 5 events (5 to retry, 0 dropped)", False)]
