@@ -28,13 +28,24 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _preflight(config: Path | None, run_dir: Path | None, overrides: list[str], restart: bool = False):
-    """The validation gate (``components.preflight``); its one-line error ends the command."""
+def _preflight(config, run_dir: Path | None, overrides: list[str], restart: bool = False):
+    """The validation gate (``components.preflight``) on a config file (None: the default) or a
+    loaded config; its one-line error ends the command."""
     from components.config import ConfigError
     from components.preflight import preflight
 
     try:
         return preflight(config or DEFAULT_CONFIG, run_dir, overrides, restart=restart)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def _load_config(config: Path | None, overrides: list[str]):
+    """The campaign config (file and overrides), or its one-line error ending the command."""
+    from components.config import ConfigError, load_config
+
+    try:
+        return load_config(config or DEFAULT_CONFIG, overrides)
     except ConfigError as e:
         _fail(str(e))
 
@@ -57,21 +68,24 @@ def run(
     if progress:  # the bars report progress; Prefect's per-task INFO lines still reach its API and UI
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     overrides = [*overrides, f"mode={mode}"] if mode else overrides
-    checked = _preflight(config, run_dir, overrides, restart)  # the flow passes it too; here before Prefect starts
-    from flows.campaign import rft_campaign, summary_line
-    from flows.prefect_api import embedded_prefect_api
+    from flows.prefect_api import booting_prefect_api
 
-    if checked.finished:
-        Console().print(summary_line(checked), highlight=False, soft_wrap=True)
-        return
-    cfg = checked.cfg
-    try:
-        with embedded_prefect_api():
+    loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
+    with booting_prefect_api() as prefect_api_ready:  # the server boots while the preflight checks the rest
+        checked = _preflight(loaded, run_dir, [], restart)  # the flow passes it too; here it fails first
+        from flows.campaign import rft_campaign, summary_line
+
+        if checked.finished:
+            Console().print(summary_line(checked), highlight=False, soft_wrap=True)
+            return
+        cfg = checked.cfg
+        prefect_api_ready()
+        try:
             state = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,
                                  show_progress=progress, return_state=True)
-    except KeyboardInterrupt:
-        _fail(f"campaign {cfg.name} stopped at once (a second interrupt); run the same command to resume "
-              "from its newest checkpoint", 130)
+        except KeyboardInterrupt:
+            _fail(f"campaign {cfg.name} stopped at once (a second interrupt); run the same command to resume "
+                  "from its newest checkpoint", 130)
     if state.is_cancelled():
         _fail(state.message, 130)
     if not state.is_completed():
@@ -107,11 +121,14 @@ def promote(
 ) -> None:
     """Move the registered model's `champion` alias to a challenger only if it is clearly better on
     the campaign's held-out tasks; print the decision in one line (exit 0 either way)."""
-    checked = _preflight(config, run_dir, overrides, False)
-    from flows.prefect_api import embedded_prefect_api
-    from flows.promote import promote_model
+    from flows.prefect_api import booting_prefect_api
 
-    with embedded_prefect_api():
+    loaded = _load_config(config, overrides)
+    with booting_prefect_api() as prefect_api_ready:  # the server boots while the preflight checks the rest
+        checked = _preflight(loaded, run_dir, [], False)
+        from flows.promote import promote_model
+
+        prefect_api_ready()
         state = promote_model(str(config or DEFAULT_CONFIG), str(checked.run_dir), overrides=list(overrides),
                               version=version, return_state=True)
     if not state.is_completed():

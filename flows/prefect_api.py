@@ -1,12 +1,17 @@
 """The Prefect API a ``rftflow run`` talks to when ``PREFECT_API_URL`` names none.
 
 Prefect's own ephemeral API is a uvicorn process started from this one; killed with SIGKILL, this
-process leaves it running for good. ``embedded_prefect_api`` starts the same server (Prefect's
-``SubprocessASGIServer``, on ``PREFECT_HOME``'s database, so ``prefect server start`` later shows
-every run) with the kernel told to end it when this process ends, whatever ends it (Linux's
-``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is), at nice 10: recording a
-task run's events costs the server CPU, which at normal priority is taken from the campaign's
-compute on a small machine; lowered, it catches up when the cores are free.
+process leaves it running for good. ``booting_prefect_api`` starts the same server (the uvicorn
+command of Prefect's ``SubprocessASGIServer``, on ``PREFECT_HOME``'s database, so ``prefect server
+start`` later shows every run) with the kernel told to end it when this process ends, whatever
+ends it (Linux's ``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is), at nice
+10: recording a task run's events costs the server CPU, which at normal priority is taken from the
+campaign's compute on a small machine; lowered, it catches up when the cores are free.
+
+It boots in the background (~6 s; ~11 s on a new ``PREFECT_HOME``) while this process does its
+own start-up (preflight, model), and is waited for when the flow starts: Prefect's
+``SubprocessASGIServer.start`` boots and waits in one call, and importing it costs ~2.5 s (the whole
+server app), so the launch, health wait and stop are written here (a few lines each).
 
 Its task-run recorder writes events in batches (``RECORDER_BATCHING``) rather than Prefect's
 default of one transaction per event: measured on 2 cores, a task run then costs the server
@@ -20,19 +25,23 @@ DEBUG instead (an event dropped is still an ERROR).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 
+import httpx
 import prefect
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
-from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+                              get_current_settings, temporary_settings)
 
 # Run in the server process before uvicorn: ask for SIGTERM when the parent (this process) dies
 # (PR_SET_PDEATHSIG = 1), and leave at once if it died already. Done in the child itself, not in a
@@ -79,41 +88,96 @@ def quiet_retried_flush() -> None:
     logging.getLogger("prefect.server.services.task_run_recorder").addFilter(_RetriedFlushAtDebug())
 
 
-def _server_ending_with_us():
-    """Prefect's ephemeral API server, its uvicorn process bound to this one's life. Prefect's server
-    modules are imported here, not at the top: 2.5 s that a run against a named API does not need."""
-    from prefect.server.api.server import SubprocessASGIServer
+PORT_IN_USE = 3  # uvicorn's exit status when its port was taken meanwhile
 
-    class ServerEndingWithUs(SubprocessASGIServer):
-        def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-            # the command and environment of SubprocessASGIServer._run_uvicorn_command, started by _BOOT
-            return subprocess.Popen(
-                args=[sys.executable, "-c", _BOOT, "--app-dir", str(prefect.__module_path__.parent), "--factory",
-                      "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                      "--log-level", "error", "--lifespan", "on"],
-                env={**RECORDER_BATCHING, **os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                     "PREFECT__SERVER_FINAL": "1", "RFTFLOW_PREFECT_PARENT": str(os.getpid()),
-                     **get_current_settings().to_environment_variables(exclude_unset=True)},
-            )
 
-    return ServerEndingWithUs()
+class EmbeddedServer:
+    """The uvicorn process of the embedded API, launched at construction; ``ready`` waits for it."""
+
+    def __init__(self):
+        self.process: subprocess.Popen | None = None
+        self._launch()
+        atexit.register(self.stop)
+
+    def _launch(self) -> None:
+        with socket.socket() as probe:  # a free port, as the OS hands them out
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        # the command and environment of Prefect's SubprocessASGIServer._run_uvicorn_command, started by _BOOT
+        self.process = subprocess.Popen(
+            args=[sys.executable, "-c", _BOOT, "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                  "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                  "--log-level", "error", "--lifespan", "on"],
+            env={**RECORDER_BATCHING, **os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                 "PREFECT__SERVER_FINAL": "1", "RFTFLOW_PREFECT_PARENT": str(os.getpid()),
+                 **get_current_settings().to_environment_variables(exclude_unset=True)},
+        )
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def ready(self) -> str:
+        """Wait until the server answers ``/health`` (at most ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``);
+        its API URL. A server that exits first raises ``RuntimeError`` with its exit status."""
+        deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+        with httpx.Client() as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() == PORT_IN_USE:
+                    self._launch()
+                elif self.process.poll() is not None:
+                    raise RuntimeError(f"the embedded Prefect API server exited with status {self.process.returncode}")
+                try:
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        return self.api_url
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+        raise RuntimeError("timed out waiting for the embedded Prefect API server "
+                           "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+
+    def stop(self) -> None:
+        """SIGTERM (the recorder writes out its queue), SIGKILL after 5 s."""
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+@contextmanager
+def booting_prefect_api() -> Iterator[Callable[[], str | None]]:
+    """Within: the embedded API server boots in the background; the function yielded waits for it,
+    sets ``PREFECT_API_URL`` to it for the rest of the block and returns that URL. None, and no
+    server, when the environment already names an API. Left, the server stops (the last log lines
+    and events sent to it first, when it was waited for)."""
+    if PREFECT_API_URL.value():
+        yield lambda: None
+        return
+    server, waited = EmbeddedServer(), []
+    with ExitStack() as settings:
+        def ready() -> str:
+            if not waited:
+                waited.append(server.ready())
+                settings.enter_context(temporary_settings({PREFECT_API_URL: waited[0]}))
+                settings.callback(EventsWorker.drain_all, timeout=10)  # LIFO: logs first, then events
+                settings.callback(APILogWorker.drain_all, timeout=10)
+            return waited[0]
+
+        try:
+            yield ready
+        finally:
+            settings.close()
+            server.stop()
 
 
 @contextmanager
 def embedded_prefect_api() -> Iterator[str | None]:
     """Within: ``PREFECT_API_URL`` set to a server that ends with this process (None and no server
     when the environment already names an API)."""
-    if PREFECT_API_URL.value():
-        yield None
-        return
-    server = _server_ending_with_us()
-    server.start()
-    try:
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
-            try:
-                yield server.api_url
-            finally:
-                APILogWorker.drain_all(timeout=10)  # the last log lines and events reach the server before it stops
-                EventsWorker.drain_all(timeout=10)
-    finally:
-        server.stop()
+    with booting_prefect_api() as ready:
+        yield ready()
