@@ -50,7 +50,7 @@ _BOOT = """
 import ctypes, os, signal, sys
 try:
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)
-except (OSError, AttributeError):  # not Linux: Prefect's atexit stop is what remains
+except (OSError, AttributeError):  # not Linux: the atexit stop is what remains
     pass
 if os.getppid() != int(os.environ["RFTFLOW_PREFECT_PARENT"]):
     sys.exit(0)

@@ -1,5 +1,6 @@
-"""The embedded Prefect API (``flows.prefect_api``): task runs recorded in batches all reach the
-database of ``PREFECT_HOME``, where a later server (``prefect server start``) finds them."""
+"""The embedded Prefect API (``flows.prefect_api``): it boots before anyone waits for it and stops
+when left; task runs recorded in batches all reach the database of ``PREFECT_HOME``, where a later
+server (``prefect server start``) finds them; a recorder write cancelled at stop is no ERROR."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from flows.prefect_api import quiet_retried_flush
 
@@ -50,6 +53,49 @@ def test_every_task_run_reaches_prefect_homes_database_after_the_run(tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["runs"] == sorted([f"step[r={i}]", "COMPLETED", result["flow"]] for i in range(13))
 
+
+BOOTING = """
+import json, os, time, urllib.request
+from pathlib import Path
+import flows
+from prefect.settings import PREFECT_API_URL
+from flows.prefect_api import booting_prefect_api
+
+def servers():  # processes launched for this one's embedded API
+    mark = f"RFTFLOW_PREFECT_PARENT={os.getpid()}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark in (entry / "environ").read_bytes():
+                found.append(entry.name)
+        except OSError:
+            pass
+    return found
+
+with booting_prefect_api() as ready:
+    booting, before = servers(), PREFECT_API_URL.value()
+    url = ready()
+    health = urllib.request.urlopen(url + "/health").status
+    again, setting = ready(), PREFECT_API_URL.value()
+deadline = time.time() + 10
+while servers() and time.time() < deadline:
+    time.sleep(0.2)
+print(json.dumps({"booting": len(booting), "before": before, "url": url, "health": health, "again": again,
+                  "setting": setting, "after": PREFECT_API_URL.value(), "left": len(servers())}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the server process")
+def test_the_embedded_api_boots_before_it_is_waited_for_and_stops_when_left(tmp_path):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    done = subprocess.run([sys.executable, "-c", BOOTING], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["booting"] == 1 and result["before"] in (None, "")  # launched, not yet the API
+    assert result["health"] == 200 and result["again"] == result["url"] == result["setting"]
+    assert result["after"] in (None, "") and result["left"] == 0
 
 def test_a_recorder_write_cancelled_with_every_event_requeued_is_debug_and_a_dropped_event_stays_an_error():
     """The records Prefect's recorder logs (``consumer.flush``), through the server's filter."""
