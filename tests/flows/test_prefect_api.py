@@ -19,11 +19,13 @@ from flows.prefect_api import quiet_retried_flush
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
-import json, sys
+import json, os, time, urllib.request
+from pathlib import Path
 import flows
 from prefect import flow, get_client, task
 from prefect.cache_policies import NO_CACHE
-from flows.prefect_api import embedded_prefect_api
+from prefect.settings import PREFECT_API_URL
+from flows.prefect_api import booting_prefect_api, embedded_prefect_api
 
 @task(cache_policy=NO_CACHE, task_run_name="step[r={i}]")
 def step(i):
@@ -33,38 +35,10 @@ def step(i):
 def recorded(n):
     return [step(i) for i in range(n)]
 
-with embedded_prefect_api():
-    state = recorded(13, return_state=True)
-with embedded_prefect_api():  # the server above is gone: a new one reads the same database
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs()
-print(json.dumps({"flow": str(state.state_details.flow_run_id),
-                  "runs": sorted((r.name, r.state_type.value, str(r.flow_run_id)) for r in runs)}))
-"""
-
-
-def test_every_task_run_reaches_prefect_homes_database_after_the_run(tmp_path):
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
-    env.pop("PREFECT_API_URL", None)
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr and "ERROR" not in done.stderr, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["runs"] == sorted([f"step[r={i}]", "COMPLETED", result["flow"]] for i in range(13))
-
-
-BOOTING = """
-import json, os, time, urllib.request
-from pathlib import Path
-import flows
-from prefect.settings import PREFECT_API_URL
-from flows.prefect_api import booting_prefect_api
-
 def servers():  # processes launched for this one's embedded API
     mark = f"RFTFLOW_PREFECT_PARENT={os.getpid()}".encode()
     found = []
-    for entry in Path("/proc").iterdir():
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
         try:
             if entry.name.isdigit() and mark in (entry / "environ").read_bytes():
                 found.append(entry.name)
@@ -77,25 +51,43 @@ with booting_prefect_api() as ready:
     url = ready()
     health = urllib.request.urlopen(url + "/health").status
     again, setting = ready(), PREFECT_API_URL.value()
+    state = recorded(13, return_state=True)
 deadline = time.time() + 10
 while servers() and time.time() < deadline:
     time.sleep(0.2)
-print(json.dumps({"booting": len(booting), "before": before, "url": url, "health": health, "again": again,
-                  "setting": setting, "after": PREFECT_API_URL.value(), "left": len(servers())}))
+boot = {"booting": len(booting), "before": before, "url": url, "health": health, "again": again,
+        "setting": setting, "after": PREFECT_API_URL.value(), "left": len(servers())}
+with embedded_prefect_api():  # the server above is gone: a new one reads the same database
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs()
+print(json.dumps({"boot": boot, "flow": str(state.state_details.flow_run_id),
+                  "runs": sorted((r.name, r.state_type.value, str(r.flow_run_id)) for r in runs)}))
 """
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the server process")
-def test_the_embedded_api_boots_before_it_is_waited_for_and_stops_when_left(tmp_path):
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
+@pytest.fixture(scope="module")
+def embedded_runs(tmp_path_factory) -> dict:
+    """The script above, on a new PREFECT_HOME: its printed result and its stderr."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path_factory.mktemp("prefect"))}
     env.pop("PREFECT_API_URL", None)
-    done = subprocess.run([sys.executable, "-c", BOOTING], cwd=ROOT, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["booting"] == 1 and result["before"] in (None, "")  # launched, not yet the API
-    assert result["health"] == 200 and result["again"] == result["url"] == result["setting"]
-    assert result["after"] in (None, "") and result["left"] == 0
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the server process")
+def test_the_embedded_api_boots_before_it_is_waited_for_and_stops_when_left(embedded_runs):
+    boot = embedded_runs["boot"]
+    assert boot["booting"] == 1 and boot["before"] in (None, "")  # launched, not yet the API
+    assert boot["health"] == 200 and boot["again"] == boot["url"] == boot["setting"]
+    assert boot["after"] in (None, "") and boot["left"] == 0
+
+
+def test_every_task_run_reaches_prefect_homes_database_after_the_run(embedded_runs):
+    stderr = embedded_runs["stderr"]
+    assert "Traceback" not in stderr and "ERROR" not in stderr, stderr
+    assert embedded_runs["runs"] == sorted([f"step[r={i}]", "COMPLETED", embedded_runs["flow"]] for i in range(13))
 
 def test_a_recorder_write_cancelled_with_every_event_requeued_is_debug_and_a_dropped_event_stays_an_error():
     """The records Prefect's recorder logs (``consumer.flush``), through the server's filter."""
