@@ -29,19 +29,19 @@ import atexit
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
-import httpx
 import prefect
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
                               get_current_settings, temporary_settings)
+
+from flows.servers import answers, free_port
 
 # Run in the server process before uvicorn: ask for SIGTERM when the parent (this process) dies
 # (PR_SET_PDEATHSIG = 1), and leave at once if it died already. Done in the child itself, not in a
@@ -100,9 +100,7 @@ class EmbeddedServer:
         atexit.register(self.stop)
 
     def _launch(self) -> None:
-        with socket.socket() as probe:  # a free port, as the OS hands them out
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         # the command and environment of Prefect's SubprocessASGIServer._run_uvicorn_command, started by _BOOT
         self.process = subprocess.Popen(
             args=[sys.executable, "-c", _BOOT, "--app-dir", str(prefect.__module_path__.parent), "--factory",
@@ -121,18 +119,14 @@ class EmbeddedServer:
         """Wait until the server answers ``/health`` (at most ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``);
         its API URL. A server that exits first raises ``RuntimeError`` with its exit status."""
         deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
-        with httpx.Client() as client:
-            while time.monotonic() < deadline:
-                if self.process.poll() == PORT_IN_USE:
-                    self._launch()
-                elif self.process.poll() is not None:
-                    raise RuntimeError(f"the embedded Prefect API server exited with status {self.process.returncode}")
-                try:
-                    if client.get(f"{self.api_url}/health").status_code == 200:
-                        return self.api_url
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
+        while time.monotonic() < deadline:
+            if self.process.poll() == PORT_IN_USE:
+                self._launch()
+            elif self.process.poll() is not None:
+                raise RuntimeError(f"the embedded Prefect API server exited with status {self.process.returncode}")
+            elif answers(f"{self.api_url}/health"):
+                return self.api_url
+            time.sleep(0.1)
         raise RuntimeError("timed out waiting for the embedded Prefect API server "
                            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
 

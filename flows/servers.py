@@ -68,7 +68,8 @@ def _port_free(url: str) -> bool:
         return s.connect_ex((host, int(port))) != 0
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether ``url`` answers with a success status now."""
     try:
         urllib.request.urlopen(url, timeout=2)
         return True
@@ -98,7 +99,7 @@ def up(run_dir: Path, prefect_port: int = 4200, mlflow_port: int = 5000, timeout
         _write(folder, {**running, **started})
     deadline = time.time() + timeout
     for name, rec in started.items():
-        while not _answers(rec["health"]):
+        while not answers(rec["health"]):
             if not _alive(rec["pid"]) or time.time() > deadline:
                 down(run_dir)
                 tail = Path(rec["log"]).read_text().strip().splitlines()[-1:] or ["(empty log)"]
