@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from functools import cache
 
 import prefect
 from prefect.events.worker import EventsWorker
@@ -152,15 +153,15 @@ def booting_prefect_api() -> Iterator[Callable[[], str | None]]:
     if PREFECT_API_URL.value():
         yield lambda: None
         return
-    server, waited = EmbeddedServer(), []
+    server = EmbeddedServer()
     with ExitStack() as settings:
+        @cache  # the first call waits and sets; later ones return the URL
         def ready() -> str:
-            if not waited:
-                waited.append(server.ready())
-                settings.enter_context(temporary_settings({PREFECT_API_URL: waited[0]}))
-                settings.callback(EventsWorker.drain_all, timeout=10)  # LIFO: logs first, then events
-                settings.callback(APILogWorker.drain_all, timeout=10)
-            return waited[0]
+            url = server.ready()
+            settings.enter_context(temporary_settings({PREFECT_API_URL: url}))
+            settings.callback(EventsWorker.drain_all, timeout=10)  # LIFO: logs first, then events
+            settings.callback(APILogWorker.drain_all, timeout=10)
+            return url
 
         try:
             yield ready
