@@ -22,7 +22,8 @@ def cli_env(tmp_path_factory):
     base = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO", "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
     port = 4200 + random.Random().randrange(1000, 5000)
-    # at nice 10, as rftflow's own embedded server: its event bookkeeping yields the 2 cores to the runs
+    # at nice 10 (rftflow's own embedded server runs at SCHED_IDLE; this one answers the API calls of
+    # several CLI runs at once, so it is not starved): its bookkeeping yields the cores to the runs
     server = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "prefect", "server", "start", "--host",
                                "127.0.0.1", "--port", str(port), "--no-services"], env=base,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
