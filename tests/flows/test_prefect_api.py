@@ -50,13 +50,14 @@ with booting_prefect_api() as ready:
     booting, before = servers(), PREFECT_API_URL.value()
     url = ready()
     health = urllib.request.urlopen(url + "/health").status
+    idle = [os.sched_getscheduler(int(pid)) == os.SCHED_IDLE for pid in servers()]
     again, setting = ready(), PREFECT_API_URL.value()
     state = recorded(13, return_state=True)
 deadline = time.time() + 10
 while servers() and time.time() < deadline:
     time.sleep(0.2)
 boot = {"booting": len(booting), "before": before, "url": url, "health": health, "again": again,
-        "setting": setting, "after": PREFECT_API_URL.value(), "left": len(servers())}
+        "setting": setting, "after": PREFECT_API_URL.value(), "left": len(servers()), "idle": idle}
 with embedded_prefect_api():  # the server above is gone: a new one reads the same database
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs()
@@ -82,6 +83,7 @@ def test_the_embedded_api_boots_before_it_is_waited_for_and_stops_when_left(embe
     assert boot["booting"] == 1 and boot["before"] in (None, "")  # launched, not yet the API
     assert boot["health"] == 200 and boot["again"] == boot["url"] == boot["setting"]
     assert boot["after"] in (None, "") and boot["left"] == 0
+    assert boot["idle"] == [True]  # Linux: it runs only on cores the campaign leaves idle
 
 
 def test_every_task_run_reaches_prefect_homes_database_after_the_run(embedded_runs):
