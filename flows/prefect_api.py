@@ -6,11 +6,10 @@ command of Prefect's ``SubprocessASGIServer``, on ``PREFECT_HOME``'s database, s
 start`` later shows every run) with the kernel told to end it when this process ends, whatever
 ends it (Linux's ``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is), under
 Linux's ``SCHED_IDLE`` policy (elsewhere at nice 10): recording a task run's events costs the server
-CPU, which at normal priority is taken from the campaign's compute on a small machine. A busy
-neighbour at nice 10 or 19 still slows a 2-thread torch loop on 2 cores by a fifth to a third (one
-run each of vs_trl's round loop: 5.4 s alone, 7.1 s beside a spinning process at nice 10, 6.7 s at
-nice 19); one under ``SCHED_IDLE`` gives way as soon as a campaign thread wakes (5.8 s), and catches
-up when the cores are free.
+CPU, which at normal priority is taken from the campaign's compute on a small machine. Even at
+nice 10 or 19 a busy neighbour slows a 2-thread torch step on 2 cores by a fifth to a third; under
+``SCHED_IDLE`` it gives way as soon as a campaign thread wakes (README, "Speed", has the figures),
+and catches up when the cores are free.
 
 It boots in the background (~6 s; ~11 s on a new ``PREFECT_HOME``) while this process does its
 own start-up (preflight, model), and is waited for when the flow starts: Prefect's
