@@ -148,13 +148,15 @@ class FileStore:
         return self._path(key).is_file()
 
     def list(self, prefix: str = "") -> list[str]:
+        """Keys under ``prefix``, sorted. Another process may delete keys meanwhile (an old weight
+        version): what vanishes during the walk is left out, as an S3 listing would (``os.walk``
+        skips a folder removed under it, where ``Path.rglob`` raises ``FileNotFoundError``)."""
         base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
-        if not base.is_dir():
-            return []
         keys = (
-            p.relative_to(self.root).as_posix()
-            for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".tmp-")
+            Path(folder, name).relative_to(self.root).as_posix()
+            for folder, _, names in os.walk(base)
+            for name in names
+            if not name.startswith(".tmp-")
         )
         return sorted(k for k in keys if k.startswith(prefix))
 

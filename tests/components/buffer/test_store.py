@@ -173,6 +173,37 @@ def test_list_returns_every_key_past_one_page(store):
     assert len(store.list()) == 1101
 
 
+def test_list_leaves_out_what_another_writer_deletes_meanwhile(store):
+    """A trainer process deletes old weight versions while an explorer process lists them."""
+    stop, errors = threading.Event(), []
+
+    def churn():
+        v = 0
+        while not stop.is_set():
+            store.put(f"weights/v{v:06d}/model.bin", b"w")
+            store.put(f"weights/v{v:06d}/weights.json", b"{}")
+            if v >= 2:
+                store.delete(f"weights/v{v - 2:06d}/weights.json")
+                store.delete(f"weights/v{v - 2:06d}/model.bin")
+            v += 1
+
+    writer = threading.Thread(target=churn)
+    writer.start()
+    try:
+        listings = []
+        for _ in range(300):
+            try:
+                listings.append(store.list("weights/"))
+            except OSError as e:
+                errors.append(e)
+    finally:
+        stop.set()
+        writer.join()
+    assert not errors, errors[:3]
+    assert all(keys == sorted(keys) and all(k.startswith("weights/v") for k in keys) for keys in listings)
+    assert max(len(keys) for keys in listings) >= 2  # the listings saw versions come and go
+
+
 def test_large_object_round_trips_as_multipart(open_at):
     store = open_at(multipart_threshold=5 * MiB)
     data = os.urandom(11 * MiB)
