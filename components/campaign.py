@@ -44,6 +44,7 @@ ROUND = ("explore", "verify", "buffer", "train", "sync")  # a round's stages, in
 # buffer state a checkpoint restores: the trainer's (sampling cursors) and the explorer's (pass rates)
 TRAINER_STATE, EXPLORER_STATE = ("fifo_cursor", "replay_uses"), ("pass_rates",)
 RESUMABLE_STATE = TRAINER_STATE + EXPLORER_STATE
+POLL_MAX_SECONDS = 0.5  # the longest pause between two looks at the store while waiting for the other process
 
 
 class StopRequested(Exception):
@@ -279,15 +280,18 @@ class Campaign:
         self._wait(lambda: self.store.round_committed(round_no), f"round {round_no}'s experiences (the explorer's)")
 
     def _wait(self, ready, what: str) -> None:
-        """Poll ``ready()`` until true; ``TimeoutError`` naming ``what`` after ``sync.timeout_seconds``."""
-        start = time.monotonic()
+        """Poll ``ready()`` until true, every 2 ms at first and then twice as long each time up to
+        ``POLL_MAX_SECONDS`` (a round of the other process can take milliseconds; a long wait should
+        not hammer the store); ``TimeoutError`` naming ``what`` after ``sync.timeout_seconds``."""
+        start, pause = time.monotonic(), 0.002
         while not ready():
             if self.stop_requested:
                 raise StopRequested(f"stopped while waiting for {what}")
             if time.monotonic() - start > self.cfg.sync.timeout_seconds:
                 raise TimeoutError(f"waited {self.cfg.sync.timeout_seconds:.0f} s for {what} in {self.store.url}: "
                                    "is the other process (`rftflow run --mode explore|train`) running?")
-            time.sleep(0.5)
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MAX_SECONDS)
 
     def eval_due(self, round_no: int) -> bool:
         return round_no % self.cfg.eval.every == 0 or round_no == self.cfg.rounds

@@ -1,10 +1,12 @@
 """Run modes without Prefect: an explorer alone and a trainer alone on one store (weights through
 the store, ``sync.method=checkpoint``); ``async`` overlaps the explorer with the trainer and keeps
-every batch within the staleness bound; the wait for the other process times out in one line."""
+every batch within the staleness bound; the wait for the other process polls with back-off and
+times out in one line."""
 
 import pyarrow.compute as pc
 import pytest
 
+import components.campaign as campaign_module
 from components.config import ConfigError, load_config
 from components.preflight import preflight
 from components.run import CampaignRun
@@ -56,13 +58,17 @@ def test_async_runs_the_explorer_ahead_within_the_staleness_bound(tmp_path, defa
     assert max(m.value for m in history) == 1.0
 
 
-def test_a_trainer_alone_times_out_in_one_line_when_no_explorer_comes(tmp_path, default_config, small):
+def test_a_trainer_alone_times_out_in_one_line_when_no_explorer_comes(tmp_path, default_config, small, monkeypatch):
     run = CampaignRun(preflight(default_config, tmp_path / "alone", [
         *small, *TWO, "mode=train", "sync.timeout_seconds=1", "trainer.warmup_steps=0"]))
     for step in list(run.steps())[:4]:
         run.step(*step)
+    pauses, sleep = [], campaign_module.time.sleep
+    monkeypatch.setattr(campaign_module.time, "sleep", lambda s: (pauses.append(s), sleep(s)))
     with pytest.raises(TimeoutError, match=r"waited 1 s for round 1's experiences .* --mode explore\|train"):
         run.step("train", 1)
+    # the store is looked at after 2 ms, then twice as long each time, never more than 0.5 s apart
+    assert pauses[:4] == [0.002, 0.004, 0.008, 0.016] and max(pauses) == campaign_module.POLL_MAX_SECONDS == 0.5
 
 
 @pytest.mark.parametrize("overrides, message", [
