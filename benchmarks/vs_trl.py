@@ -9,13 +9,16 @@ defaults of bf16 autocast and gradient checkpointing are turned off: they are ot
 side runs in its own process with ``--threads`` torch threads; the figures:
 
 - samples/s: steps x 64 / the wall time of the steps (TRL: ``trainer.train()``; rftflow's round
-  loop: ``Campaign.run_round`` for every round; the flow: ``rftflow run`` as a user runs it, its
+  loop: ``Campaign.run_round`` for every round; apart: the explorer and the trainer as two processes
+  of one torch thread each (``mode: explore`` + ``mode: train`` on one store, the explorer one round
+  ahead: one step off-policy, where the other sides are on-policy), from the moment both are ready to
+  the trainer's last sync; the flow: ``rftflow run`` as a user runs it, its
   ``rounds_wall_seconds``: from the first round's explore to the last round's sync, Prefect task
   runs, MLflow and state writes included; what the flow does before and after them, start-up and
   the final evaluation, checkpoint and registration, is reported apart); each side runs
   ``--repeats`` times, sides interleaved, and the median is reported with the range (on a shared
   2-core machine one side's runs spread by up to a third);
-- peak RSS of the process;
+- peak RSS of the process (apart: of both processes, summed);
 - held-out greedy accuracy (the same 200 tasks, rftflow's evaluator) after the steps;
 - the mean response length in tokens over the steps: the sides sample their own
   responses, so the work stays identical only while their policies do; at the issue's lr 1e-3
@@ -27,7 +30,7 @@ something (``--init tiny``: the random ``builtin:tiny``, on which no side learns
 
     pip install -e '.[trl]'
     python benchmarks/vs_trl.py                       # 8 and 32 new tokens, 40 steps, 3 runs per side
-    python benchmarks/vs_trl.py --tokens 8 --sides trl,loop
+    python benchmarks/vs_trl.py --tokens 8 --sides trl,loop,apart
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from statistics import mean, median
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
 PROMPTS, GROUP = 8, 8
-SIDES = ("trl", "loop", "flow")
+SIDES = ("trl", "loop", "apart", "flow")
 
 
 # The work above as rftflow config keys (over configs/arith-mix.yaml), but for the new tokens
@@ -136,6 +139,56 @@ def side_loop(cfg, args) -> dict:
         return {"seconds": seconds, "accuracy": campaign.evaluate()["eval/accuracy"], "response_tokens": mean(lengths)}
 
 
+def side_apart(cfg, args) -> dict:
+    """The explorer and the trainer as two processes (``mode: explore`` and ``mode: train``, one torch
+    thread each: the same 2 cores) sharing a file store, weights through it (``sync.method:
+    checkpoint``); the explorer runs one round ahead (``sync.offset`` 1), so rows are one step off-policy."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory(prefix="vs-trl-apart-") as store:
+        roles = {role: subprocess.Popen(
+            [sys.executable, __file__, "--side", "apart", "--role", role, "--store", store, "--model-dir", args.model_dir,
+             "--tokens", str(args.tokens), "--steps", str(args.steps), "--seed", str(args.seed), "--threads", "1",
+             "--lr", str(args.lr)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+            for role in ("train", "explore")}
+        done = {role: (p.communicate(), p.returncode) for role, p in roles.items()}
+    out = {}
+    for role, ((stdout, stderr), rc) in done.items():
+        lines = [ln for ln in stdout.splitlines() if ln.startswith("ROLE ")]
+        if rc or not lines:
+            raise SystemExit(f"apart, {role} process failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        out[role] = json.loads(lines[-1][len("ROLE "):])
+    train, explore = out["train"], out["explore"]
+    # the rounds can start once both are ready (the trainer's start weights published, the explorer's tasks read)
+    start = max(train["ready"], explore["ready"])
+    return {"seconds": train["end"] - start, "accuracy": train["accuracy"], "response_tokens": explore["response_tokens"],
+            "peak_rss_mb": train["peak_rss_mb"] + explore["peak_rss_mb"]}
+
+
+def apart_role(cfg, args) -> dict:
+    """One process of ``side_apart``: ``--role train`` prepares, publishes the start weights, then
+    trains and publishes each round once the explorer has committed it; ``--role explore`` waits for
+    the taskset, then explores, verifies and stores each round with the newest weights it may use."""
+    from components.campaign import Campaign
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        campaign = Campaign(cfg, run_dir)
+        if args.role == "train":
+            campaign.prepare()
+            campaign.warm_start()  # no steps: publishes the start weights
+            ready = time.time()
+            for r in range(1, args.steps + 1):
+                campaign.train(r)  # waits for the explorer's round r
+                campaign.sync(r)
+            return {"ready": ready, "end": time.time(), "accuracy": campaign.evaluate()["eval/accuracy"]}
+        campaign.await_taskset()
+        ready, lengths = time.time(), []
+        for r in range(1, args.steps + 1):
+            lengths.append(campaign.explore(r)["explore/response_len"])  # waits for the weights it may use
+            campaign.verify(r)
+            campaign.buffer(r)
+        return {"ready": ready, "response_tokens": mean(lengths)}
+
+
 def side_flow(cfg, args) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         sets = [a for o in overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads, args.lr)
@@ -181,9 +234,15 @@ def child(args) -> None:
     from components.config import load_config
 
     torch.set_num_threads(args.threads)
+    role = [f"mode={args.role}", "sync.method=checkpoint", "sync.offset=1",
+            f"storage.url={Path(args.store).as_uri()}"] if args.role else []
     cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads,
-                                                         args.lr)])
-    result = {"side_trl": side_trl, "side_loop": side_loop, "side_flow": side_flow}[f"side_{args.side}"](cfg, args)
+                                                         args.lr), *role])
+    if args.role:
+        print("ROLE " + json.dumps({**apart_role(cfg, args), "peak_rss_mb": peak_rss_mb()}), flush=True)
+        return
+    sides = {"side_trl": side_trl, "side_loop": side_loop, "side_apart": side_apart, "side_flow": side_flow}
+    result = sides[f"side_{args.side}"](cfg, args)
     result.setdefault("peak_rss_mb", peak_rss_mb())
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -212,6 +271,8 @@ def main() -> None:
     parser.add_argument("--init", choices=("warm", "tiny"), default="warm")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=("train", "explore"), help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
         args.tokens = int(args.tokens)
