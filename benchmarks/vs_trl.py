@@ -143,20 +143,24 @@ def side_apart(cfg, args) -> dict:
     """The explorer and the trainer as two processes (``mode: explore`` and ``mode: train``, one torch
     thread each: the same 2 cores) sharing a file store, weights through it (``sync.method:
     checkpoint``); the explorer runs one round ahead (``sync.offset`` 1), so rows are one step off-policy."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory(prefix="vs-trl-apart-") as store:
-        roles = {role: subprocess.Popen(
-            [sys.executable, __file__, "--side", "apart", "--role", role, "--store", store, "--model-dir", args.model_dir,
-             "--tokens", str(args.tokens), "--steps", str(args.steps), "--seed", str(args.seed), "--threads", "1",
-             "--lr", str(args.lr)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-            for role in ("train", "explore")}
-        done = {role: (p.communicate(), p.returncode) for role, p in roles.items()}
-    out = {}
-    for role, ((stdout, stderr), rc) in done.items():
-        lines = [ln for ln in stdout.splitlines() if ln.startswith("ROLE ")]
-        if rc or not lines:
-            raise SystemExit(f"apart, {role} process failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-        out[role] = json.loads(lines[-1][len("ROLE "):])
+        out, processes = {}, {}
+        for role in ("train", "explore"):  # output to files: a full pipe would stall one while the other waits on it
+            command, env = side_command("apart", args.model_dir, args.tokens, 1, args, "--role", role, "--store", store)
+            logs = [open(Path(store) / f"{role}.{stream}", "w+") for stream in ("out", "err")]
+            processes[role] = (subprocess.Popen(command, stdout=logs[0], stderr=logs[1], text=True, env=env, cwd=ROOT),
+                               logs)
+        try:
+            for role, (process, logs) in processes.items():
+                process.wait()
+                for log in logs:
+                    log.seek(0)
+                out[role] = printed(*(log.read() for log in logs), process.returncode, "ROLE ", f"apart, {role} process")
+        finally:  # one failed: the other would wait for it until sync.timeout_seconds
+            for process, logs in processes.values():
+                process.kill()
+                for log in logs:
+                    log.close()
     train, explore = out["train"], out["explore"]
     # the rounds can start once both are ready (the trainer's start weights published, the explorer's tasks read)
     start = max(train["ready"], explore["ready"])
@@ -248,15 +252,25 @@ def child(args) -> None:
 
 
 def run_side(side: str, model_dir: str, tokens: int, args) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    done = subprocess.run([sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--tokens", str(tokens),
-                           "--steps", str(args.steps), "--seed", str(args.seed), "--threads", str(args.threads),
-                           "--lr", str(args.lr)],
-                          capture_output=True, text=True, env=env, cwd=ROOT)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    if done.returncode or not lines:
-        raise SystemExit(f"side {side} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    command, env = side_command(side, model_dir, tokens, args.threads, args)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    return printed(done.stdout, done.stderr, done.returncode, "RESULT ", f"side {side}")
+
+
+def side_command(side: str, model_dir: str, tokens: int, threads: int, args, *extra: str) -> tuple[list[str], dict]:
+    """The command line and environment of one side's process (``extra``: more arguments)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return [sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--tokens", str(tokens),
+            "--steps", str(args.steps), "--seed", str(args.seed), "--threads", str(threads), "--lr", str(args.lr),
+            *extra], env
+
+
+def printed(stdout: str, stderr: str, returncode: int, tag: str, what: str) -> dict:
+    """The JSON a child printed on its last line starting with ``tag``; ``SystemExit`` naming ``what`` if it failed."""
+    lines = [ln for ln in stdout.splitlines() if ln.startswith(tag)]
+    if returncode or not lines:
+        raise SystemExit(f"{what} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return json.loads(lines[-1][len(tag):])
 
 
 def main() -> None:
