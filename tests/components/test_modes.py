@@ -3,6 +3,9 @@ the store, ``sync.method=checkpoint``); ``async`` overlaps the explorer with the
 every batch within the staleness bound; the wait for the other process polls with back-off and
 times out in one line."""
 
+import time
+from types import SimpleNamespace
+
 import pyarrow.compute as pc
 import pytest
 
@@ -63,8 +66,9 @@ def test_a_trainer_alone_times_out_in_one_line_when_no_explorer_comes(tmp_path, 
         *small, *TWO, "mode=train", "sync.timeout_seconds=1", "trainer.warmup_steps=0"]))
     for step in list(run.steps())[:4]:
         run.step(*step)
-    pauses, sleep = [], campaign_module.time.sleep
-    monkeypatch.setattr(campaign_module.time, "sleep", lambda s: (pauses.append(s), sleep(s)))
+    pauses = []  # the campaign module's clock only: other threads' sleeps (MLflow's) stay out of it
+    monkeypatch.setattr(campaign_module, "time", SimpleNamespace(
+        monotonic=time.monotonic, sleep=lambda s: (pauses.append(s), time.sleep(s))))
     with pytest.raises(TimeoutError, match=r"waited 1 s for round 1's experiences .* --mode explore\|train"):
         run.step("train", 1)
     # the store is looked at after 2 ms, then twice as long each time, never more than 0.5 s apart
