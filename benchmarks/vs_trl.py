@@ -155,7 +155,7 @@ def side_apart(cfg, args) -> dict:
                 process.wait()
                 for log in logs:
                     log.seek(0)
-                out[role] = printed(*(log.read() for log in logs), process.returncode, "ROLE ", f"apart, {role} process")
+                out[role] = printed(*(log.read() for log in logs), process.returncode, f"apart, {role} process")
         finally:  # one failed: the other would wait for it until sync.timeout_seconds
             for process, logs in processes.values():
                 process.kill()
@@ -243,10 +243,9 @@ def child(args) -> None:
     cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads,
                                                          args.lr), *role])
     if args.role:
-        print("ROLE " + json.dumps({**apart_role(cfg, args), "peak_rss_mb": peak_rss_mb()}), flush=True)
-        return
-    sides = {"side_trl": side_trl, "side_loop": side_loop, "side_apart": side_apart, "side_flow": side_flow}
-    result = sides[f"side_{args.side}"](cfg, args)
+        result = apart_role(cfg, args)
+    else:
+        result = {"trl": side_trl, "loop": side_loop, "apart": side_apart, "flow": side_flow}[args.side](cfg, args)
     result.setdefault("peak_rss_mb", peak_rss_mb())
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -254,7 +253,7 @@ def child(args) -> None:
 def run_side(side: str, model_dir: str, tokens: int, args) -> dict:
     command, env = side_command(side, model_dir, tokens, args.threads, args)
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
-    return printed(done.stdout, done.stderr, done.returncode, "RESULT ", f"side {side}")
+    return printed(done.stdout, done.stderr, done.returncode, f"side {side}")
 
 
 def side_command(side: str, model_dir: str, tokens: int, threads: int, args, *extra: str) -> tuple[list[str], dict]:
@@ -265,12 +264,12 @@ def side_command(side: str, model_dir: str, tokens: int, threads: int, args, *ex
             *extra], env
 
 
-def printed(stdout: str, stderr: str, returncode: int, tag: str, what: str) -> dict:
-    """The JSON a child printed on its last line starting with ``tag``; ``SystemExit`` naming ``what`` if it failed."""
-    lines = [ln for ln in stdout.splitlines() if ln.startswith(tag)]
+def printed(stdout: str, stderr: str, returncode: int, what: str) -> dict:
+    """The JSON on a child's last ``RESULT`` line; ``SystemExit`` naming ``what`` if it failed."""
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     if returncode or not lines:
         raise SystemExit(f"{what} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-    return json.loads(lines[-1][len(tag):])
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def main() -> None:
