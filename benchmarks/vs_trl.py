@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -150,22 +151,33 @@ def side_apart(cfg, args) -> dict:
             logs = [open(Path(store) / f"{role}.{stream}", "w+") for stream in ("out", "err")]
             processes[role] = (subprocess.Popen(command, stdout=logs[0], stderr=logs[1], text=True, env=env, cwd=ROOT),
                                logs)
-        try:
-            for role, (process, logs) in processes.items():
-                process.wait()
-                for log in logs:
-                    log.seek(0)
-                out[role] = printed(*(log.read() for log in logs), process.returncode, f"apart, {role} process")
-        finally:  # one failed: the other would wait for it until sync.timeout_seconds
-            for process, logs in processes.values():
-                process.kill()
-                for log in logs:
-                    log.close()
+        try:  # until both end, or one fails: the other would wait for it until sync.timeout_seconds
+            while None in codes(processes) and not any(codes(processes)):  # some run, none failed
+                time.sleep(0.05)
+        finally:
+            for process, _ in processes.values():
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        killed = -signal.SIGKILL
+        for role in sorted(processes, key=lambda r: processes[r][0].returncode in (0, killed)):  # the failed one first
+            process, logs = processes[role]
+            for log in logs:
+                log.seek(0)
+            texts = [log.read() for log in logs]
+            for log in logs:
+                log.close()
+            out[role] = printed(*texts, process.returncode, f"apart, {role} process")
     train, explore = out["train"], out["explore"]
     # the rounds can start once both are ready (the trainer's start weights published, the explorer's tasks read)
     start = max(train["ready"], explore["ready"])
     return {"seconds": train["end"] - start, "accuracy": train["accuracy"], "response_tokens": explore["response_tokens"],
             "peak_rss_mb": train["peak_rss_mb"] + explore["peak_rss_mb"]}
+
+
+def codes(processes: dict) -> list[int | None]:
+    """Each process's exit code; None while it runs."""
+    return [process.poll() for process, _ in processes.values()]
 
 
 def apart_role(cfg, args) -> dict:
