@@ -26,7 +26,6 @@ validation whatever the row count, and this suite runs every round):
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -276,34 +275,34 @@ def _experience_frame(table: pa.Table, kind: str):
             return pc.fill_null(pc.utf8_length(pc.utf8_trim_whitespace(table.column(column))), null).to_numpy()
         return pc.fill_null(pc.list_value_length(table.column(column)), null).to_numpy()
 
-    df = pd.DataFrame({f"{c}_present": length(c, 0) > 0 for c in IDS})  # non-null and non-empty
-    df["prompt_length"] = length("prompt", 0)
-    df["response_length"] = length("response", -1)
-    df["source_matches"] = pc.fill_null(pc.equal(table.column("source"), kind), False).to_numpy(zero_copy_only=False)
-    df["round_valid"] = pc.fill_null(table.column("round"), -1).to_numpy() >= 0
-    df["prompt_tokens"] = length("prompt_ids", 0)
-    df["response_tokens"] = length("response_ids", 0)
-    rewards = table.column("reward").to_pylist()
-    df["reward_is_finite"] = [r is not None and math.isfinite(r) for r in rewards]
-    df["reward"] = pd.Series([r if r is not None and math.isfinite(r) else None for r in rewards], dtype="float64")
+    columns = {f"{c}_present": length(c, 0) > 0 for c in IDS}  # non-null and non-empty
+    columns["prompt_length"] = length("prompt", 0)
+    columns["response_length"] = length("response", -1)
+    columns["source_matches"] = pc.fill_null(pc.equal(table.column("source"), kind), False).to_numpy(zero_copy_only=False)
+    columns["round_valid"] = pc.fill_null(table.column("round"), -1).to_numpy() >= 0
+    columns["prompt_tokens"] = length("prompt_ids", 0)
+    columns["response_tokens"] = length("response_ids", 0)
+    rewards = table.column("reward").to_numpy(zero_copy_only=False).astype(float)  # a null: NaN
+    columns["reward_is_finite"] = np.isfinite(rewards)
+    columns["reward"] = np.where(columns["reward_is_finite"], rewards, np.nan)  # NaN is never outside bounds
     ids, logprobs, mask = (length(c, -1) for c in ("response_ids", "response_logprobs", "response_mask"))
-    df["token_lengths_consistent"] = (ids >= 0) & ((logprobs == -1) | (logprobs == ids)) & ((mask == -1) | (mask == ids))
-    df["has_logprobs"] = logprobs >= 0
+    columns["token_lengths_consistent"] = (ids >= 0) & ((logprobs == -1) | (logprobs == ids)) & ((mask == -1) | (mask == ids))
+    columns["has_logprobs"] = logprobs >= 0
     prompt_null, prompt_negative = _any_element(table.column("prompt_ids"), pc.is_null, _negative)
     response_null, response_negative = _any_element(table.column("response_ids"), pc.is_null, _negative)
     mask_null, mask_not_binary = _any_element(table.column("response_mask"), pc.is_null, _not_binary)
     (logprob_not_finite,) = _any_element(table.column("response_logprobs"), _not_finite)
-    df["tokens_complete"] = ~(prompt_null | response_null | mask_null | logprob_not_finite)
-    df["token_values_valid"] = ~(prompt_negative | response_negative | mask_not_binary)
+    columns["tokens_complete"] = ~(prompt_null | response_null | mask_null | logprob_not_finite)
+    columns["token_values_valid"] = ~(prompt_negative | response_negative | mask_not_binary)
     group_ids, experience_ids = table.column("group_id").to_pylist(), table.column("experience_id").to_pylist()
     seen: set = set()
     first = [not (e in seen or seen.add(e)) for e in experience_ids]
-    df["experience_id_is_first"] = first
+    columns["experience_id_is_first"] = np.array(first, dtype=bool)
     # a group's size counts distinct experiences: a repeated row is quarantined, its group not
     sizes = Counter(g for g, f in zip(group_ids, first) if f)
-    df["group_size"] = [sizes[g] for g in group_ids]
-    df["model_version"] = pc.fill_null(table.column("model_version"), -1).to_numpy()
-    return df
+    columns["group_size"] = np.array([sizes[g] for g in group_ids], dtype=np.int64)
+    columns["model_version"] = pc.fill_null(table.column("model_version"), -1).to_numpy()
+    return pd.DataFrame(columns)  # at once: a column set at a time costs ~0.4 ms each (~9 ms per round)
 
 
 def _task_frame(table: pa.Table):
