@@ -175,7 +175,7 @@ def test_list_returns_every_key_past_one_page(store):
 
 def test_list_leaves_out_what_another_writer_deletes_meanwhile(store):
     """A trainer process deletes old weight versions while an explorer process lists them."""
-    stop, errors = threading.Event(), []
+    stop, churning, errors = threading.Event(), threading.Event(), []
 
     def churn():
         v = 0
@@ -185,11 +185,13 @@ def test_list_leaves_out_what_another_writer_deletes_meanwhile(store):
             if v >= 2:
                 store.delete(f"weights/v{v - 2:06d}/weights.json")
                 store.delete(f"weights/v{v - 2:06d}/model.bin")
+                churning.set()  # from here on two versions are there between deletes
             v += 1
 
     writer = threading.Thread(target=churn)
     writer.start()
-    try:
+    try:  # the listings start once the writer deletes (on a loaded machine it may start late)
+        assert churning.wait(60), "the writer thread did not get going within 60 s"
         listings = []
         for _ in range(300):
             try:

@@ -5,7 +5,6 @@ import statistics
 from pathlib import Path
 
 import pytest
-import torch
 
 from components.campaign import Campaign
 
@@ -19,7 +18,6 @@ def comparison_tasks(path: Path) -> Path:
 
 @pytest.mark.slow
 def test_grpo_raises_reward_on_an_easy_task(tmp_path, default_config):
-    torch.set_num_threads(2)
     campaign = Campaign(default_config, tmp_path, [
         "name=learn", "seed=0", f"taskset.source={comparison_tasks(tmp_path / 'cmp.jsonl')}",
         "taskset.eval_size=10", "taskset.prompt_template={question}=", "reward.function=exact_match",
