@@ -7,6 +7,7 @@ Unknown keys and bad values fail before any work starts, with one line naming th
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -414,6 +415,12 @@ MOVED_KEYS = {
     "algorithm.max_explore_batches": "explorer.max_explore_batches",
     "algorithm.critic_lr": "trainer.critic_lr",
 }
+
+
+def cache_dir() -> Path:
+    """Where rftflow keeps what it builds once per machine (built-in models, an empty MLflow store):
+    ``$RFTFLOW_CACHE_DIR`` or ``~/.cache/rftflow``."""
+    return Path(os.environ.get("RFTFLOW_CACHE_DIR", Path.home() / ".cache" / "rftflow"))
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

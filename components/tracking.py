@@ -1,7 +1,8 @@
 """MLflow helpers: one run per campaign, metrics per round, the final model registered.
 
 Uses ``MlflowClient`` with an explicit tracking URI (no global state); the default store is
-``sqlite:///<run dir>/mlflow.db`` with artifacts under ``<run dir>/mlartifacts``; a tracking server
+``sqlite:///<run dir>/mlflow.db`` with artifacts under ``<run dir>/mlartifacts`` (a new one starts as
+a copy of an empty store MLflow set up once per machine: ``seed_sqlite_store``); a tracking server
 (``http://…``) keeps artifacts where it is configured to (``mlflow server --artifacts-destination``).
 """
 
@@ -11,12 +12,14 @@ import functools
 import logging
 import os
 import re
+import shutil
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from components.config import flatten
+from components.config import cache_dir, flatten
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 # A new SQLite store logs its schema set-up at INFO on every first use.
@@ -24,6 +27,53 @@ logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 
 SECRET_KEY = re.compile(r"secret|password|token|credential|access_key|api_key", re.IGNORECASE)
 URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def seed_sqlite_store(uri: str) -> None:
+    """A new SQLite store (``sqlite:///<path>`` with nothing at ``path`` yet) starts as a copy of an
+    empty one that MLflow itself set up (``_initialize_tables``: its tables, then every schema
+    migration), kept per MLflow version under ``cache_dir()``. MLflow does that set-up for every
+    new database, ~3 s on 2 cores, once per run directory; a copy takes milliseconds. The copy
+    holds no experiment: MLflow makes its Default experiment on first use, as for a new file."""
+    path = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") and "?" not in uri else None
+    if path is None or path.exists():
+        return
+    import mlflow
+
+    template = cache_dir() / f"mlflow-{mlflow.__version__}-empty.db"
+    if not template.exists():
+        try:
+            from mlflow.store.db.utils import _initialize_tables  # MLflow's own set-up of a new store
+        except ImportError:  # another MLflow: it sets the database up itself
+            return
+        import sqlalchemy
+
+        template.parent.mkdir(parents=True, exist_ok=True)
+        building = _unique_beside(template)
+        engine = sqlalchemy.create_engine(f"sqlite:///{building}")
+        try:
+            _initialize_tables(engine)
+            os.replace(building, template)  # whole or not at all, also with two runs at once
+        finally:
+            engine.dispose()
+            building.unlink(missing_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    copying = _unique_beside(path)
+    shutil.copyfile(template, copying)
+    try:
+        os.link(copying, path)  # only if still absent: a store another process made meanwhile stays
+    except FileExistsError:
+        pass
+    except OSError:  # a file system without hard links
+        if not path.exists():
+            os.replace(copying, path)
+    finally:
+        copying.unlink(missing_ok=True)
+
+
+def _unique_beside(path: Path) -> Path:
+    """A name next to ``path`` that no other process or thread writes to."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
 
 
 def is_tracking_server(uri: str) -> bool:
@@ -51,6 +101,7 @@ class Tracker:
         from mlflow import MlflowClient
 
         self.uri = uri
+        seed_sqlite_store(uri)
         self.client = MlflowClient(uri, registry_uri=uri)
         self.history: dict[int, dict[str, float]] = {}
         self.pending: list = []  # metrics held back by log_metrics(defer=True)

@@ -16,13 +16,14 @@ import functools
 import hashlib
 import inspect
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from components.config import cache_dir
 
 BUILTIN_PREFIX = "builtin:"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
@@ -53,11 +54,6 @@ def forward_with_cache(model: PreTrainedModel, cache: DynamicCache | None = None
     cache = cache if cache is not None else DynamicCache(config=model.config)
     output = model(**inputs, use_cache=True, **{name: cache})
     return output, output[name]
-
-
-def cache_dir() -> Path:
-    """Where built-in models are kept: ``$RFTFLOW_CACHE_DIR`` or ``~/.cache/rftflow``."""
-    return Path(os.environ.get("RFTFLOW_CACHE_DIR", Path.home() / ".cache" / "rftflow"))
 
 
 def build_char_tokenizer():

@@ -24,3 +24,42 @@ def test_deferred_metrics_are_written_by_the_next_plain_call_and_at_the_end(tmp_
     reopened = Tracker(tracker.uri, "rftflow", "deferred", run_id=tracker.run_id)
     reopened.log_metrics({"reward/mean": 0.9}, step=2)  # a resumed run logs no step twice
     assert _logged(reopened, "reward/mean") == [(1, 0.25), (2, 0.5)]
+
+
+def _schema(path) -> tuple[str, set, list]:
+    """A SQLite store's schema version, its tables (with their columns) and indexes, and its experiments."""
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        version = db.execute("select version_num from alembic_version").fetchone()[0]
+        objects = {(kind, name, table) for kind, name, table in db.execute("select type, name, tbl_name from sqlite_master")}
+        objects |= {(table, tuple(db.execute(f"pragma table_info('{table}')").fetchall()))
+                    for kind, _, table in list(objects) if kind == "table"}
+        experiments = db.execute("select experiment_id, name from experiments order by experiment_id").fetchall()
+    return version, objects, experiments
+
+
+def test_a_new_sqlite_store_is_a_copy_of_the_one_mlflow_sets_up(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from components.tracking import seed_sqlite_store
+
+    monkeypatch.setenv("RFTFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    plain = tmp_path / "plain.db"
+    MlflowClient(f"sqlite:///{plain}").search_experiments()  # MLflow's own set-up of a new file
+    first = Tracker(f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}", "rftflow", "a", artifact_root=tmp_path / "art")
+    [template] = (tmp_path / "cache").glob("mlflow-*-empty.db")
+    made = template.stat().st_mtime_ns
+    second = Tracker(f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", "rftflow", "b", artifact_root=tmp_path / "art")
+    assert template.stat().st_mtime_ns == made  # made once, then copied
+    version, objects, experiments = _schema(plain)
+    for tracker in (first, second):
+        seeded = _schema(tmp_path / tracker.client.get_run(tracker.run_id).info.run_name / "mlflow.db")
+        assert seeded[:2] == (version, objects)  # the same schema as MLflow's own new store
+        assert seeded[2] == [*experiments, (1, "rftflow")]  # MLflow's Default experiment, then ours
+        tracker.log_metrics({"reward/mean": 0.5}, step=1)
+        assert _logged(tracker, "reward/mean") == [(1, 0.5)]
+    before = (tmp_path / "a" / "mlflow.db").read_bytes()
+    seed_sqlite_store(f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}")  # a store that exists is left as it is
+    assert (tmp_path / "a" / "mlflow.db").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["mlflow.db"]  # no copy left behind
