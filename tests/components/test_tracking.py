@@ -53,8 +53,8 @@ def test_a_new_sqlite_store_is_a_copy_of_the_one_mlflow_sets_up(tmp_path, monkey
     second = Tracker(f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", "rftflow", "b", artifact_root=tmp_path / "art")
     assert template.stat().st_mtime_ns == made  # made once, then copied
     version, objects, experiments = _schema(plain)
-    for tracker in (first, second):
-        seeded = _schema(tmp_path / tracker.client.get_run(tracker.run_id).info.run_name / "mlflow.db")
+    for tracker, run_dir in ((first, "a"), (second, "b")):
+        seeded = _schema(tmp_path / run_dir / "mlflow.db")
         assert seeded[:2] == (version, objects)  # the same schema as MLflow's own new store
         assert seeded[2] == [*experiments, (1, "rftflow")]  # MLflow's Default experiment, then ours
         tracker.log_metrics({"reward/mean": 0.5}, step=1)
