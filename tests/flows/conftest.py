@@ -15,13 +15,14 @@ import pytest
 @pytest.fixture(scope="session")
 def cli_env(tmp_path_factory):
     """The environment of ``rftflow`` subprocesses: one real ``prefect server start`` for all of
-    them (so each run does not start a Prefect API of its own), two torch threads (one under
-    ``pytest -n 2``: two workers share the cores), INFO lines on
+    them (so each run does not start a Prefect API of its own), this process's torch threads
+    (``OMP_NUM_THREADS``: one in an xdist worker, see tests/conftest.py; else two), INFO lines on
     the console (tests follow Prefect's "Task run … Finished" lines; an in-process CLI test may
     have set the console level to WARNING in this process's environment)."""
     home = tmp_path_factory.mktemp("prefect")
     base = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO", "OMP_NUM_THREADS": "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2", "PYTHONUNBUFFERED": "1"}
+            "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+            "PYTHONUNBUFFERED": "1"}
     port = 4200 + random.Random().randrange(1000, 5000)
     # at nice 10 (rftflow's own embedded server runs at SCHED_IDLE; this one answers the API calls of
     # several CLI runs at once, so it is not starved): its bookkeeping yields the cores to the runs
