@@ -378,12 +378,15 @@ def main() -> None:
     collection walks every tracked object; one of this heap took 0.5–1.0 s here. While the heap
     grows, a full collection runs at every 25% of growth (1–1.5 s of a run's start-up), and the
     interpreter's exit collects several more times (3–4 s) before the OS frees the memory anyway:
-    frozen objects are left out of both. Reference counting frees memory as before."""
+    frozen objects are left out of both. Reference counting frees memory as before. ``run``,
+    ``promote`` and the ingest commands switch the collector back on once loaded
+    (``_collector_on``); the short commands (status, buffer, up, down) end without it."""
     gc.disable()
     try:
         app()
     finally:
         gc.freeze()
+        gc.enable()
 
 
 def _collector_on() -> None:
