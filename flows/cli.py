@@ -79,8 +79,9 @@ def run(
         if checked.finished:
             Console().print(summary_line(checked), highlight=False, soft_wrap=True)
             return
-        import great_expectations  # noqa: F401  (a run's contracts and tracking: loaded before the collector is on
-        import mlflow  # noqa: F401  (both are first used inside the flow)
+        # the contracts' and the tracking's libraries, else first imported inside the flow
+        import great_expectations  # noqa: F401
+        import mlflow  # noqa: F401
 
         _collector_on()
         cfg = checked.cfg
