@@ -67,7 +67,8 @@ class Campaign:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
-        self.store = CampaignStore(open_run_store(cfg.storage, self.run_dir), cfg.name)
+        # a round's writes go to the store behind the compute; each round ends with them stored (``sync``)
+        self.store = CampaignStore(open_run_store(cfg.storage, self.run_dir), cfg.name, write_behind=True)
         self.reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
         self.has_trainer, self.has_explorer = cfg.mode != "explore", cfg.mode != "train"
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
@@ -255,6 +256,8 @@ class Campaign:
         rates = self.pass_rates()
         if rates.add_round(round_no, measured_rewards(verified)):
             self.store.write_state("pass_rates", rates.to_state())
+        if not self.has_trainer:  # an explorer process: the round is the trainer process's to take now
+            self.store.flush()
         return {"buffer/usual_rows": accepted.num_rows, "tasks/mean_pass_rate": rates.mean()}
 
     def train(self, round_no: int) -> dict[str, float]:
@@ -305,7 +308,9 @@ class Campaign:
         return round_no % self.cfg.sync.interval == 0 or self.eval_due(round_no) or self.checkpoint_due(round_no)
 
     def sync(self, round_no: int) -> dict[str, float]:
-        """Publish the trainer's weights to the explorer when due (``sync_due``); the explorer's version."""
+        """End the round: its queued writes are waited for (a failed one fails this stage); then the
+        trainer's weights go to the explorer when due (``sync_due``). Returns the explorer's version."""
+        self.store.flush()
         if self.sync_due(round_no):
             self.weights.publish(self.policy_version)
         return {"sync/weight_version": float(self.weights.version)}

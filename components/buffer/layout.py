@@ -40,9 +40,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from components.buffer.shards import (committed_shards, is_committed, read_committed, read_shard, shard_key,
-                                     write_shard)
+from components.buffer.shards import (ShardError, commit_shard, committed_shards, encode_shard, is_committed,
+                                     marker_key, read_committed, read_shard, shard_key, write_shard)
 from components.buffer.store import ObjectStore, open_store, store_options
+from components.buffer.write_behind import OrderedStore, WriteBehind
 from components.data.experience import SCHEMA
 
 # What ``rftflow buffer`` can read: kind → key prefix under the campaign.
@@ -117,10 +118,18 @@ class CampaignStore:
     Committed shards never change, so the ones read often (explorer rounds, demonstrations, human
     rows) are cached in memory, and so is a staging shard this object committed until the next
     stage reads it (a retried stage, or another process, reads the store).
+
+    With ``write_behind`` (a running campaign), a round's writes — staging, accepted experiences,
+    quarantine, state files — are queued to one background thread (``write_behind``: in order,
+    read-your-writes); ``objects`` is then the store as ordered behind that queue, and ``flush``
+    waits for it.
     """
 
-    def __init__(self, store: ObjectStore, campaign: str):
-        self.objects, self.campaign = store, campaign
+    def __init__(self, store: ObjectStore, campaign: str, write_behind: bool = False):
+        self.campaign = campaign
+        self._queue = WriteBehind() if write_behind else None
+        self._direct = store  # the queue's own writes go here
+        self.objects: ObjectStore = OrderedStore(store, self._queue) if self._queue else store
         self._shards: dict[str, pa.Table] = {}
         self._staged: dict[str, pa.Table] = {}
         self._expert: pa.Table | None = None
@@ -139,6 +148,32 @@ class CampaignStore:
             self._shards[key] = read_shard(self.objects, key)
         return self._shards[key]
 
+    def flush(self) -> None:
+        """Wait until the queued writes are in the store (raising a failed one's error)."""
+        if self._queue is not None:
+            self._queue.flush()
+
+    def _write_round_shard(self, prefix: str, table: pa.Table, cache: dict[str, pa.Table] | None) -> str:
+        """``write_shard`` of a round's rows: queued behind the compute when writing behind.
+
+        Queued, the shard goes into ``cache`` at once (the next stage reads it from there); a shard
+        already committed (by an earlier attempt) or queued is not written again, as ``write_shard``."""
+        if self._queue is None:
+            return write_shard(self.objects, prefix, table, committed=cache)
+        key, marker = shard_key(prefix), marker_key(prefix)
+        if self._queue.pending(key) or is_committed(self._direct, prefix):
+            return key
+        if cache is not None:
+            cache[key] = table
+
+        def write() -> None:
+            if not commit_shard(self._direct, prefix, encode_shard(table), table.num_rows):
+                raise ShardError(f"shard {key}: another writer committed it while this one's write was queued; "
+                                 "run one campaign per store prefix at a time")
+
+        self._queue.submit((key, marker), write)
+        return key
+
     # tasksets --------------------------------------------------------------------------------
     def write_tasks(self, split: str, table: pa.Table) -> str:
         return write_shard(self.objects, self.key("tasksets", split), table)
@@ -152,8 +187,7 @@ class CampaignStore:
 
     # staging between the stages of one round -------------------------------------------------
     def write_staging(self, round_no: int, stage: str, table: pa.Table) -> str:
-        return write_shard(self.objects, self.key("staging", round_dir(round_no), stage), table,
-                           committed=self._staged)
+        return self._write_round_shard(self.key("staging", round_dir(round_no), stage), table, self._staged)
 
     def read_staging(self, round_no: int, stage: str) -> pa.Table:
         prefix = self.key("staging", round_dir(round_no), stage)
@@ -164,16 +198,23 @@ class CampaignStore:
     def write_usual(self, round_no: int, table: pa.Table, keep: bool = True) -> str:
         """Commit a round's accepted explorer rows; ``keep``: also in the shard cache, for a trainer
         in this process (an explorer process alone never reads them)."""
-        return write_shard(self.objects, self.key("experiences", "usual", round_dir(round_no)), table,
-                           committed=self._shards if keep else None)
+        return self._write_round_shard(self.key("experiences", "usual", round_dir(round_no)), table,
+                                       self._shards if keep else None)
 
     def round_committed(self, round_no: int) -> bool:
         """Whether round ``round_no``'s explorer experiences are committed (its buffer stage ran)."""
         return is_committed(self.objects, self.key("experiences", "usual", round_dir(round_no)))
 
     def usual_shards(self, max_round: int | None = None) -> list[str]:
-        """Committed usual-experience shards, oldest round first (up to ``max_round``)."""
-        keys = sorted(committed_shards(self.objects, self.key("experiences", "usual")), key=shard_order)
+        """Committed usual-experience shards, oldest round first (up to ``max_round``); writing
+        behind, those queued too (cached: ``shard`` reads them without waiting)."""
+        prefix = self.key("experiences", "usual")
+        if self._queue is None:
+            keys = committed_shards(self.objects, prefix)
+        else:  # the queue first: a write that ends meanwhile is then in the listing
+            queued = [k for k in self._queue.pending(prefix + "/") if k.endswith(".parquet")]
+            keys = list(set(committed_shards(self._direct, prefix)) | set(queued))
+        keys = sorted(keys, key=shard_order)
         return keys if max_round is None else [k for k in keys if shard_order(k)[0] <= max_round]
 
     def write_expert(self, table: pa.Table) -> str:
@@ -208,8 +249,9 @@ class CampaignStore:
         (``tasks``, ``ingest-<hash>``, ``failed/round=N``); nothing is written for an empty table."""
         if table.num_rows == 0:
             return None
-        return write_shard(self.objects, self.key("quarantine", round_dir(where) if isinstance(where, int) else where),
-                           table)
+        if isinstance(where, int):  # a round's, behind its compute
+            return self._write_round_shard(self.key("quarantine", round_dir(where)), table, None)
+        return write_shard(self.objects, self.key("quarantine", where), table)
 
     # checkpoints ------------------------------------------------------------------------------
     def checkpoint_prefix(self, version: int) -> str:
@@ -298,7 +340,12 @@ class CampaignStore:
             return default
 
     def write_state(self, name: str, value: Any) -> None:
-        self.objects.put(self.key("state", f"{name}.json"), json.dumps(value, sort_keys=True).encode())
+        """``state/<name>.json`` (queued behind the round's writes when writing behind)."""
+        key, data = self.key("state", f"{name}.json"), json.dumps(value, sort_keys=True).encode()
+        if self._queue is None:
+            self.objects.put(key, data)
+        else:
+            self._queue.submit((key,), lambda: self._direct.put(key, data))
 
     def delete_state(self, name: str) -> None:
         self.objects.delete(self.key("state", f"{name}.json"))

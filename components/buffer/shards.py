@@ -25,7 +25,7 @@ def shard_key(prefix: str, part: int = 0) -> str:
     return f"{prefix}/part-{part:05d}.parquet"
 
 
-def _marker_key(prefix: str, part: int) -> str:
+def marker_key(prefix: str, part: int = 0) -> str:
     return f"{prefix}/{COMMIT_DIR}/part-{part:05d}.json"
 
 
@@ -41,27 +41,37 @@ class ShardError(RuntimeError):
 
 def is_committed(store: ObjectStore, prefix: str, part: int = 0) -> bool:
     """Whether shard ``part`` under ``prefix`` has its commit marker."""
-    return store.exists(_marker_key(prefix, part))
+    return store.exists(marker_key(prefix, part))
 
 
 def write_shard(store: ObjectStore, prefix: str, table: pa.Table, part: int = 0,
                 committed: dict[str, pa.Table] | None = None) -> str:
     """Write ``table`` as shard ``part`` under ``prefix`` and commit it; idempotent. Returns the key.
 
-    With ``committed`` (a reader's cache, key → table), a shard this call commits goes there too,
-    decoded from the bytes written, so it is what ``read_shard`` would return; a shard an earlier
-    run committed does not (its rows may differ from ``table``)."""
-    key, marker = shard_key(prefix, part), _marker_key(prefix, part)
+    With ``committed`` (a reader's cache, key → table), a shard this call commits goes there too
+    (``table`` itself: a Parquet round trip gives back equal rows, ``test_shards``); a shard an
+    earlier run committed does not (its rows may differ from ``table``)."""
+    key = shard_key(prefix, part)
     if is_committed(store, prefix, part):
         return key  # committed by an earlier (possibly crashed-after-commit) run
+    if commit_shard(store, prefix, encode_shard(table), table.num_rows, part) and committed is not None:
+        committed[key] = table
+    return key
+
+
+def encode_shard(table: pa.Table) -> bytes:
+    """The Parquet bytes of a shard (zstd)."""
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
-    data = sink.getvalue()
-    store.put(key, data)  # overwrite: an uncommitted leftover from a crash is replaced
-    meta = {"rows": table.num_rows, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    if store.put(marker, json.dumps(meta).encode(), if_absent=True) and committed is not None:
-        committed[key] = _decode(data)
-    return key
+    return sink.getvalue()
+
+
+def commit_shard(store: ObjectStore, prefix: str, data: bytes, rows: int, part: int = 0) -> bool:
+    """Put shard ``part``'s bytes (over an uncommitted leftover of a crash), then its marker
+    (``rows``, bytes, sha256), put-if-absent; False when another writer's marker was there first."""
+    store.put(shard_key(prefix, part), data)
+    meta = {"rows": rows, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return store.put(marker_key(prefix, part), json.dumps(meta).encode(), if_absent=True)
 
 
 def committed_shards(store: ObjectStore, prefix: str) -> list[str]:

@@ -317,6 +317,16 @@ def _task_frame(table: pa.Table):
     return pd.DataFrame({c: pd.Series(values, dtype=object) for c, values in columns.items()})
 
 
+def _validate(frame, suite, result_format: str):
+    """GX's validation of ``suite`` on ``frame``: its ``Validator`` over the batch definition,
+    which builds the batch once (``Batch.validate`` builds it again inside: 7.2 against 6.0 ms
+    for a round's 64 rows, median of 60)."""
+    from great_expectations.validator.v1_validator import Validator
+
+    return Validator(_batch_definition(), result_format={"result_format": result_format},
+                     batch_parameters={"dataframe": frame}).validate_expectation_suite(suite)
+
+
 def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds()) -> Verdict:
     """Validate ``table`` against contract ``kind``; split accepted / quarantined (with ``reason``).
 
@@ -328,11 +338,11 @@ def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds())
     if table.num_rows == 0:
         return Verdict(table, table.append_column("reason", pa.array([], pa.string())))
     frame = _task_frame(table) if kind == "tasks" else _experience_frame(table, kind)
-    batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
+    _batch_definition()  # the GX context first: a suite is made in it
     # a pass/fail run first (about half the cost); the row indices of failures only when some row fails
-    if batch.validate(contract_suite(kind, bounds), result_format={"result_format": "BOOLEAN_ONLY"}).success:
+    if _validate(frame, contract_suite(kind, bounds), "BOOLEAN_ONLY").success:
         return Verdict(table, table.slice(0, 0).append_column("reason", pa.array([], pa.string())))
-    result = batch.validate(contract_suite(kind, bounds), result_format={"result_format": "COMPLETE"})
+    result = _validate(frame, contract_suite(kind, bounds), "COMPLETE")
     reasons: dict[int, list[str]] = {}
     for r in result.results:
         if r.success:
