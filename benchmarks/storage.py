@@ -1,7 +1,7 @@
 """Write and read throughput of experience shards on file:// and on S3 (a local moto server).
 
 Shards are experience rows (``components.experience.SCHEMA``: token ids, log-probs, masks, text,
-rewards) written with ``write_shard`` (Parquet + zstd + commit marker) and read back with
+rewards) written with ``write_shard`` (Parquet + snappy + commit marker) and read back with
 ``read_committed``; the tables are built before the clock starts. "MB" is the Parquet bytes in the
 store (10^6 bytes). The S3 numbers are against moto on 127.0.0.1 (its own process): they measure
 the client plus moto's Python request handling, not a real S3 service.
@@ -132,7 +132,7 @@ def main() -> None:
         else:
             parser.error(f"unknown backend {backend!r}")
 
-    print(f"{args.rows} rows in {args.shards} shards, {args.workers} writer thread(s), Parquet+zstd, "
+    print(f"{args.rows} rows in {args.shards} shards, {args.workers} writer thread(s), Parquet+snappy, "
           f"experience schema, best of {args.repeat}")
     header = f"{'backend':<16} {'MB':>7} {'write rows/s':>13} {'write MB/s':>11} {'read rows/s':>12} {'read MB/s':>10}"
     print(header)

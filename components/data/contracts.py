@@ -5,10 +5,12 @@ rows in = accepted + quarantined, always. ``enforce`` fails a batch whose bad fr
 the configured threshold, naming its first bad rows.
 
 Contracts (one GX suite each, over a frame of the table's columns and derived ones: text lengths,
-token counts, and flag columns for the per-row rules GX has no expectation for). An experience
-suite is one expectation, ``expect_multicolumn_values_within_bounds``: each measured column within
-its configured [low, high], each flag within [1, 1] (GX spends ~4 ms per expectation per
-validation whatever the row count, and this suite runs every round):
+token counts, and ``violations``: a bit per per-row rule GX has no expectation for, set when the
+row breaks it). An experience suite is one expectation, ``expect_multicolumn_values_within_bounds``:
+each measured column within its configured [low, high], ``violations`` within [0, 0]. GX spends
+~4 ms per expectation per validation whatever the row count, and ~0.12 ms per column of it (one
+column of rule bits, not a column per rule: 7 columns checked, not 26), and this suite runs
+every round. A quarantined row's reason names each broken rule:
 
 - ``explorer`` experiences: ids, campaign, prompt non-null and non-empty (text lengths are measured
   without surrounding whitespace, so "  " is empty); response non-null;
@@ -213,7 +215,7 @@ IDS = ("experience_id", "campaign", "task_id", "group_id")
 def experience_bounds(kind: str, bounds: ContractBounds) -> dict[str, list]:
     """The experience contract ``kind`` as bounds over ``_experience_frame``'s columns: measured
     numbers within the configured limits (a null text has length 0; a null response, which may be
-    empty, -1), and every per-row flag true ([1, 1])."""
+    empty, -1), and no per-row rule broken (``violations`` in [0, 0])."""
     limits = {
         "prompt_length": [1, bounds.max_text_chars],
         # an explorer response may be empty (the model stopped at once); a demonstration or a rated one not
@@ -222,7 +224,7 @@ def experience_bounds(kind: str, bounds: ContractBounds) -> dict[str, list]:
         "prompt_tokens": [1, bounds.max_prompt_tokens],
         "response_tokens": [1, bounds.max_response_tokens],
         "model_version": [0, bounds.max_model_version],
-        **{flag: [1, 1] for flag in _flags(kind)},
+        "violations": [0, 0],
     }
     if kind == "explorer" and bounds.group_size is not None:
         limits["group_size"] = [bounds.group_size, bounds.group_size]
@@ -230,7 +232,8 @@ def experience_bounds(kind: str, bounds: ContractBounds) -> dict[str, list]:
 
 
 def _flags(kind: str) -> tuple[str, ...]:
-    """The per-row flag columns of an experience contract: each must be true."""
+    """The per-row rules of an experience contract, each a flag that must be true; rule i is bit i
+    of the frame's ``violations``."""
     flags = (*(f"{c}_present" for c in IDS), "source_matches", "round_valid", "reward_is_finite",
              "token_lengths_consistent", "tokens_complete", "token_values_valid", "experience_id_is_first")
     return (*flags, "has_logprobs") if kind == "explorer" else flags
@@ -266,8 +269,9 @@ def _not_binary(values: pa.Array) -> pa.Array:
 
 
 def _experience_frame(table: pa.Table, kind: str):
-    """The numbers and flags the experience contract ``kind`` checks, one row per experience (see
-    ``experience_bounds``): text lengths, token counts, the reward, and derived per-row checks."""
+    """The numbers the experience contract ``kind`` checks, one row per experience (see
+    ``experience_bounds``): text lengths, token counts, the reward, and ``violations``, the bits
+    of the per-row rules (``_flags``) the row breaks."""
     import pandas as pd
 
     def length(column: str, null: int):  # text: without surrounding whitespace (" " is empty)
@@ -287,7 +291,8 @@ def _experience_frame(table: pa.Table, kind: str):
     columns["reward"] = np.where(columns["reward_is_finite"], rewards, np.nan)  # NaN is never outside bounds
     ids, logprobs, mask = (length(c, -1) for c in ("response_ids", "response_logprobs", "response_mask"))
     columns["token_lengths_consistent"] = (ids >= 0) & ((logprobs == -1) | (logprobs == ids)) & ((mask == -1) | (mask == ids))
-    columns["has_logprobs"] = logprobs >= 0
+    if kind == "explorer":
+        columns["has_logprobs"] = logprobs >= 0
     prompt_null, prompt_negative = _any_element(table.column("prompt_ids"), pc.is_null, _negative)
     response_null, response_negative = _any_element(table.column("response_ids"), pc.is_null, _negative)
     mask_null, mask_not_binary = _any_element(table.column("response_mask"), pc.is_null, _not_binary)
@@ -302,6 +307,10 @@ def _experience_frame(table: pa.Table, kind: str):
     sizes = Counter(g for g, f in zip(group_ids, first) if f)
     columns["group_size"] = np.array([sizes[g] for g in group_ids], dtype=np.int64)
     columns["model_version"] = pc.fill_null(table.column("model_version"), -1).to_numpy()
+    violations = np.zeros(table.num_rows, dtype=np.int64)
+    for bit, flag in enumerate(_flags(kind)):
+        violations |= (~columns.pop(flag)).astype(np.int64) << bit
+    columns["violations"] = violations
     return pd.DataFrame(columns)  # at once: set a column at a time, 64 rows took 6.6 ms, not 2.4
 
 
@@ -315,6 +324,14 @@ def _task_frame(table: pa.Table):
     columns = {"parse_error": table.column("parse_error").to_pylist(),
                **{c: text(c) for c in ("question", "answer", "prompt")}}
     return pd.DataFrame({c: pd.Series(values, dtype=object) for c, values in columns.items()})
+
+
+def _broken(kind: str, column: str, value) -> list[str]:
+    """What a value outside its bounds says: the column's name, or for ``violations`` the name of
+    each rule whose bit is set."""
+    if column != "violations":
+        return [column]
+    return [flag for bit, flag in enumerate(_flags(kind)) if int(value) >> bit & 1]
 
 
 def _validate(frame, suite, result_format: str):
@@ -355,8 +372,9 @@ def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds())
                                f"did not run: {info.get('exception_message') or info}")
         outside = _outside_bounds(frame, kwargs["bounds"]) if "bounds" in kwargs else {}
         for index in indices:
-            if outside:  # name the columns outside their bounds on this row
-                labels = [f"{expectation}({column})" for column, bad in outside.items() if bad[index]]
+            if outside:  # name the columns outside their bounds on this row, and the rules it breaks
+                labels = [f"{expectation}({name})" for column, bad in outside.items() if bad[index]
+                          for name in _broken(kind, column, frame.at[index, column])]
             elif kwargs["column"] == "parse_error":
                 labels = [f"{expectation}(parse_error): {frame.at[index, 'parse_error']}"]
             else:

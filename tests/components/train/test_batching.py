@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from components.train.batching import batch_tensors, response_logprobs
+from components.train.batching import batch_tensors, behaviour_logprobs, response_logprobs
 
 
 def _rows(tokenizer, *, groups: int, per_group: int, seed: int = 0) -> list[dict]:
@@ -55,3 +55,19 @@ def test_one_and_two_token_responses_over_shared_prompts(tiny, length):
     with torch.no_grad():
         assert torch.allclose(response_logprobs(model, batch) * batch["mask"],
                               response_logprobs(model, full) * batch["mask"], atol=1e-5)
+
+
+def test_layout_and_behaviour_logprobs_of_hand_built_rows():
+    # given two rows of different prompt and response lengths, one with a mask and log-probs
+    rows = [{"prompt_ids": [7, 8], "response_ids": [3], "response_logprobs": [-0.5]},
+            {"prompt_ids": [9], "response_ids": [4, 5], "response_mask": [1, 0]}]
+    batch = batch_tensors(rows, pad_id=0)
+    # then prompts are left-padded, responses right-padded, positions count real tokens only
+    assert batch["input_ids"].tolist() == [[7, 8, 3, 0], [0, 9, 4, 5]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [0, 1, 1, 1]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 2], [0, 0, 1, 2]]
+    assert batch["response_ids"].tolist() == [[3, 0], [4, 5]] and batch["mask"].tolist() == [[1, 0], [1, 0]]
+    # and recorded log-probs replace the fallback where a row has them, the rest keeps it
+    fallback = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]], requires_grad=True)
+    old = behaviour_logprobs(rows, fallback)
+    assert old.tolist() == [[-0.5, -2.0], [-3.0, -4.0]] and not old.requires_grad
