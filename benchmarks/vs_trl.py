@@ -15,7 +15,8 @@ side runs in its own process with ``--threads`` torch threads; the figures:
   the trainer's last sync; the flow: ``rftflow run`` as a user runs it, its
   ``rounds_wall_seconds``: from the first round's explore to the last round's sync, Prefect task
   runs, MLflow and state writes included; what the flow does before and after them, start-up and
-  the final evaluation, checkpoint and registration, is reported apart); each side runs
+  the final evaluation, checkpoint and registration, is reported apart; ``flow`` runs a Prefect
+  task per stage, the default, ``flow_round`` one per round, ``task_runs: round``); each side runs
   ``--repeats`` times, sides interleaved, and the median is reported with the range (on a shared
   2-core machine one side's runs spread by up to a third);
 - peak RSS of the process (apart: of both processes, summed);
@@ -50,7 +51,7 @@ from statistics import mean, median
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
 PROMPTS, GROUP = 8, 8
-SIDES = ("trl", "loop", "apart", "flow")
+SIDES = ("trl", "loop", "apart", "flow", "flow_round")
 
 
 # The work above as rftflow config keys (over configs/arith-mix.yaml), but for the new tokens
@@ -205,9 +206,9 @@ def apart_role(cfg, args) -> dict:
         return {"ready": ready, "response_tokens": mean(lengths)}
 
 
-def side_flow(cfg, args) -> dict:
+def side_flow(cfg, args, *more: str) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
-        sets = [a for o in overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads, args.lr)
+        sets = [a for o in [*overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads, args.lr), *more]
                 for a in ("--set", o)]
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(CONFIG), "--run-dir", run_dir,
@@ -257,7 +258,8 @@ def child(args) -> None:
     if args.role:
         result = apart_role(cfg, args)
     else:
-        result = {"trl": side_trl, "loop": side_loop, "apart": side_apart, "flow": side_flow}[args.side](cfg, args)
+        result = {"trl": side_trl, "loop": side_loop, "apart": side_apart, "flow": side_flow,
+                  "flow_round": lambda cfg, args: side_flow(cfg, args, "task_runs=round")}[args.side](cfg, args)
     result.setdefault("peak_rss_mb", peak_rss_mb())
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -340,9 +342,10 @@ def main() -> None:
             ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
             print(f"| {tokens} | {side} | {r['samples_per_s']:.0f} ({r['range']}) | {r['seconds'] / args.steps:.3f} | "
                   f"{r['peak_rss_mb']:.0f} | {r['accuracy']:.3f} | {r['response_tokens']:.1f} | {ratio} |")
-        if "loop" in results and "flow" in results:
-            print(f"| {tokens} | flow / loop time | {results['flow']['seconds'] / results['loop']['seconds']:.2f} | | | "
-                  f"| | before and after the rounds {results['flow']['outside_rounds_s']:.0f} s |")
+        for flow in ("flow", "flow_round"):
+            if "loop" in results and flow in results:
+                print(f"| {tokens} | {flow} / loop time | {results[flow]['seconds'] / results['loop']['seconds']:.2f} | | "
+                      f"| | | before and after the rounds {results[flow]['outside_rounds_s']:.0f} s |")
 
 
 def summarize(runs: list[dict], steps: int) -> dict:

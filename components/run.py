@@ -81,6 +81,7 @@ class CampaignRun:
         self.promotion: str | None = None  # the promotion's decision, in one line
         self._lock = threading.RLock()  # async mode: two lanes record their stages at once
         self.round_stages = {"explore": ROUND[:3], "train": ROUND[3:]}.get(cfg.mode, ROUND)  # this process's
+        self.round_steps = ("round",) if cfg.task_runs == "round" else self.round_stages  # a round, as steps
         if not self.campaign.has_trainer:  # an explorer alone redoes its newest committed round (idempotent)
             shards = self.campaign.store.usual_shards()
             self.resumed_from = max(0, shard_order(shards[-1])[0] - 1) if shards else None
@@ -164,13 +165,14 @@ class CampaignRun:
         register. ``train``: the same without explore/verify/buffer (``train`` waits for an explorer
         process to commit the round). ``explore``: wait for the trainer's taskset, then explore,
         verify and buffer each round. ``async``: as ``both``, but the explorer runs ``sync.offset``
-        rounds ahead: round t + offset is explored, verified and stored while round t trains."""
+        rounds ahead: round t + offset is explored, verified and stored while round t trains. With
+        ``task_runs: round`` a round's stages are one step, ``round``."""
         mode, one = self.cfg.mode, (lambda name, r: [[(name, r)]])
         if mode == "explore":
             if self.fresh:
                 yield one("await_taskset", 0)
             for r in self.rounds_left:
-                yield from (one(stage, r) for stage in self.round_stages)
+                yield from (one(step, r) for step in self.round_steps)
             return
         if self.fresh:
             yield from (one(name, 0) for name in ("prepare", "warm_start", "evaluate", "checkpoint"))
@@ -182,9 +184,9 @@ class CampaignRun:
         for r in self.rounds_left:
             if ahead:
                 yield [lane for lane in (explore(r + ahead), [("train", r)]) if lane]
+                yield one("sync", r)
             else:
-                yield from (one(stage, r) for stage in self.round_stages[:-1])
-            yield one("sync", r)
+                yield from (one(step, r) for step in self.round_steps)
             if self.campaign.eval_due(r):
                 yield one("evaluate", r)
             if self.campaign.checkpoint_due(r):
@@ -197,6 +199,8 @@ class CampaignRun:
         """Do step ``name`` (see ``steps``) for round ``round_no``."""
         if name in ROUND:
             return self._tracked(name, round_no, lambda: getattr(self.campaign, name)(round_no))
+        if name == "round":  # task_runs: round — this process's stages of the round, in order
+            return {k: v for stage in self.round_stages for k, v in self.step(stage, round_no).items()}
         if name == "prepare":
             return self._tracked(name, round_no, self.campaign.prepare)
         if name == "warm_start":
@@ -205,7 +209,7 @@ class CampaignRun:
             return self._tracked(name, round_no, self.campaign.await_taskset)
         if name in ("evaluate", "checkpoint", "register", "promote"):
             return getattr(self, name)(round_no)
-        raise ValueError(f"unknown step {name!r}; known: prepare, warm_start, await_taskset, {', '.join(ROUND)}, "
+        raise ValueError(f"unknown step {name!r}; known: prepare, warm_start, await_taskset, {', '.join(ROUND)}, round, "
                          "evaluate, checkpoint, register, promote")
 
     def run(self) -> dict[str, Any]:
@@ -309,7 +313,7 @@ class CampaignRun:
         summary = {
             "campaign": self.cfg.name, "eval_accuracy_before": before, "eval_accuracy_after": after,
             "rounds": self.cfg.rounds, "reward_mean_last_round": self.last_reward, "wall_seconds": self.wall_seconds(),
-            "rounds_wall_seconds": round(self.rounds_ended - self.rounds_started, 1) if self.rounds_started else None,
+            "rounds_wall_seconds": round(self.rounds_ended - self.rounds_started, 3) if self.rounds_started else None,
             "mlflow_tracking_uri": self.tracker.uri, "mlflow_run_id": self.tracker.run_id, "model_name": name,
             "model_version": self.state.model_version, "model_uri": f"models:/{name}/{self.state.model_version}",
             "store_url": self.campaign.store.url, "prefect_flow_run_id": self.flow_run_id or "",

@@ -185,7 +185,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
     try:
         with stop_on_signals(run), CampaignProgress(run.cfg, enabled=show_progress) as progress:
             run.on_warmup_step = progress.warmup
-            first, last = run.round_stages[0], run.round_stages[-1]
+            first, last = run.round_steps[0], run.round_steps[-1]
             phases = list(run.phases())
             # each round's last step (its evaluation or checkpoint, if due): the UI's table then has them
             round_ends = {r: (n, r) for phase in phases for lane in phase for n, r in lane

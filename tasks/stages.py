@@ -1,5 +1,6 @@
 """The campaign's Prefect tasks: one per step of ``CampaignRun.phases`` (prepare, warm_start, the
-stages of ``components.campaign.ROUND``, evaluate, checkpoint, register, promote), each one
+stages of ``components.campaign.ROUND`` — or ``round``, all of them, with ``task_runs: round`` —
+evaluate, checkpoint, register, promote), each one
 ``CampaignRun.step`` call (timed, logged to MLflow at step = round, recorded in the campaign's
 state). Task runs are named by step and round (``explore[r=3]``) for the Prefect UI; ``TASKS``
 maps each step's name to its task.
@@ -36,16 +37,19 @@ def worth_retrying(_task, _task_run, state) -> bool:
 
 
 def outcome_line(result: dict) -> str:
-    """What a step did, for its log in the Prefect UI: its metrics (``key=value``), seconds last."""
+    """What a step did, for its log in the Prefect UI: its metrics (``key=value``), seconds last
+    (each stage's, for a ``round``)."""
     def shown(value) -> str:
         if isinstance(value, float):
             return str(int(value)) if value.is_integer() else f"{value:.4g}"
         return str(value)
 
-    seconds = [v for k, v in result.items() if k.startswith("time/")]
+    seconds = {k.removeprefix("time/").removesuffix("_s"): v for k, v in result.items() if k.startswith("time/")}
     parts = [f"{k}={shown(v)}" for k, v in result.items()
              if not k.startswith("time/") and isinstance(v, (int, float, str)) and len(shown(v)) <= 200]
-    return ", ".join(parts) + (f" ({seconds[0]:.2f} s)" if seconds else "") if parts or seconds else "done"
+    timing = (f"{next(iter(seconds.values())):.2f} s" if len(seconds) == 1
+              else ", ".join(f"{stage} {v:.3f} s" for stage, v in seconds.items()))
+    return ", ".join(parts) + (f" ({timing})" if seconds else "") if parts or seconds else "done"
 
 
 def _step_task(name: str, doc: str, **retry):
@@ -75,6 +79,7 @@ TASKS = {
     "train": _step_task("train", "Update the policy on the round's batch with the configured algorithm "
                                  "(a trainer process first waits for the explorer's round)."),
     "sync": _step_task("sync", "Publish the trainer's weights to the explorer, when due (sync.interval)."),
+    "round": _step_task("round", "A round's stages in order, as one task run (task_runs: round)."),
     "evaluate": _step_task("evaluate", "Greedy accuracy on the held-out split (round 0: before the rounds)."),
     "checkpoint": _step_task("checkpoint", "Weights, optimizer, RNG, buffer state to the store; all but "
                                            "the optimizer to MLflow."),

@@ -32,11 +32,13 @@ class MemoryWeightSync:
 
     def __init__(self, source: nn.Module, target: nn.Module, version: int = 0):
         self.source, self.target, self.version = source, target, version
+        # the trainer's own tensors (updated in place by its optimizer), listed once
+        self._weights = source.state_dict(keep_vars=True) if source is not None else {}
 
     @torch.no_grad()
     def publish(self, version: int) -> int:
         """The explorer gets the trainer's weights as ``version``; returns it."""
-        self.target.load_state_dict(self.source.state_dict())
+        self.target.load_state_dict(self._weights)
         self.version = version
         return version
 

@@ -31,6 +31,18 @@ def test_the_round_is_one_list_of_stage_methods_that_the_flow_walks_too():
     assert set(ROUND) < set(TASKS) and all(TASKS[name].name == name for name in TASKS)  # one name per step
 
 
+def test_sync_gives_the_explorer_the_trainers_weights_and_nothing_before(started):
+    campaign = started("name=sync")
+    explorer, policy = campaign.engine.model.state_dict(), campaign.trainer.unwrapped.state_dict()
+    assert all(torch.equal(explorer[k], policy[k]) for k in policy)  # the warm start's weights, published
+    for stage in ROUND[:-1]:
+        getattr(campaign, stage)(1)
+    assert not all(torch.equal(explorer[k], policy[k]) for k in policy)  # trained, not yet synced
+    assert campaign.sync(1)["sync/weight_version"] == 2
+    assert all(torch.equal(explorer[k], policy[k]) for k in policy)
+    assert all(explorer[k].data_ptr() != policy[k].data_ptr() for k in policy)  # copies, not the same tensors
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_preset_runs_two_rounds(preset, started):
     campaign = started(

@@ -65,6 +65,25 @@ def test_an_abandoned_attempt_resumes_from_its_checkpoint_and_ends_exactly_as_an
         assert resumed.state.status == "finished" and len(resumed.state.attempts) == 2
 
 
+def test_a_round_as_one_step_computes_the_same_campaign_and_resumes_the_same_way(start):
+    # task_runs: round (one Prefect task run a round) changes how the steps are cut, nothing computed
+    reference = start("by-stage")
+    reference.run()
+    cut = start("by-round", "task_runs=round")
+    steps = list(cut.steps())
+    assert [s for s in steps if s[1] in (1, 2, 3)][:3] == [("round", 1), ("round", 2), ("evaluate", 2)]
+    assert not [s for s in steps if s[0] in ("explore", "verify", "buffer", "train", "sync")]
+    _abandon_after(cut, ("round", 3))
+    resumed = start("by-round", "task_runs=round")
+    assert resumed.resumed_from == 2
+    summary = resumed.run()
+    for key, value in _weights(reference).items():
+        assert torch.equal(value, _weights(resumed)[key]), key
+    client, run_id = resumed.tracker.client, resumed.tracker.run_id
+    assert sorted(m.step for m in client.get_metric_history(run_id, "time/train_s")) == [1, 2, 3, 4, 5]
+    assert summary["eval_accuracy_after"] == reference.state.evals["5"]
+
+
 def test_checkpoints_are_committed_kept_by_retention_and_logged_to_the_run(start):
     run = start("keep")
     run.run()

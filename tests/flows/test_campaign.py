@@ -216,3 +216,24 @@ def test_a_contract_failure_in_prepare_is_not_retried_and_keeps_its_rows(prefect
     assert report.count("| expert contract |") == 2  # the totals line and its batch, once each
     quarantined = CampaignStore(open_store((tmp_path / "store").as_uri()), "strict-prep").read_kind("quarantine")
     assert quarantined.num_rows > 0 and "within_bounds(prompt_tokens)" in quarantined.column("reason")[0].as_py()
+
+
+def test_with_task_runs_round_a_round_is_one_task_run_and_each_stage_is_still_timed(prefect_api, tmp_path,
+                                                                                      default_config, small):
+    from mlflow import MlflowClient
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.campaign import rft_campaign
+
+    summary = rft_campaign(str(default_config), str(tmp_path), overrides=[*small, "name=per-round", "task_runs=round"])
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[summary["prefect_flow_run_id"]])))
+    states = {run.name: run.state.type.value for run in runs}
+    assert states["round[r=1]"] == states["round[r=2]"] == states["evaluate[r=2]"] == "COMPLETED", states
+    assert not [name for name in states if name.split("[")[0] in ("explore", "verify", "buffer", "train", "sync")]
+    client = MlflowClient(summary["mlflow_tracking_uri"])
+    for stage in ("explore", "verify", "buffer", "train", "sync"):  # each stage still timed, once a round
+        steps = [m.step for m in client.get_metric_history(summary["mlflow_run_id"], f"time/{stage}_s")]
+        assert sorted(steps) == [1, 2], (stage, steps)
+    assert summary["rounds"] == 2 and 0.0 <= summary["eval_accuracy_after"] <= 1.0
