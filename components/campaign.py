@@ -68,7 +68,8 @@ class Campaign:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         # a round's writes go to the store behind the compute; each round ends with them stored (``sync``)
-        self.store = CampaignStore(open_run_store(cfg.storage, self.run_dir), cfg.name, write_behind=True)
+        self.store = CampaignStore(open_run_store(cfg.storage, self.run_dir), cfg.name,
+                                   write_behind=cfg.storage.write_behind)
         self.reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
         self.has_trainer, self.has_explorer = cfg.mode != "explore", cfg.mode != "train"
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,

@@ -308,6 +308,12 @@ class StorageConfig(_Section):
         "the same command resumes the campaign later.",
     )
 
+    write_behind: bool = Field(
+        True, description="A round's writes (staging, experiences, quarantine, state files) go to the store from "
+        "a background thread, in order, while the next stages compute; each round ends with them stored "
+        "(`components.buffer.write_behind`). False: each write in the stage that makes it.",
+    )
+
     @field_validator("url", "endpoint_url")
     @classmethod
     def _no_credentials(cls, url: str | None) -> str | None:

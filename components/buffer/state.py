@@ -29,9 +29,10 @@ STATUSES = ("running", "finished", "failed", "interrupted")
 KEEP_GENERATIONS = 20
 # Keys that say how to reach or keep things, not what the campaign computes: changing them on a
 # run dir does not make it another campaign.
-OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_seconds", "checkpoint.keep_last",
-                    "checkpoint.keep_best", "sync.timeout_seconds", "explorer.base_url", "bench.models", "threads", "task_runs",
-                    "bench.tasksets", "promotion.margin", "promotion.alpha", "promotion.min_accuracy")
+OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_seconds", "storage.write_behind",
+                    "checkpoint.keep_last", "checkpoint.keep_best", "sync.timeout_seconds", "explorer.base_url",
+                    "bench.models", "threads", "task_runs", "bench.tasksets", "promotion.margin", "promotion.alpha",
+                    "promotion.min_accuracy")
 
 
 class StateConflict(RuntimeError):
