@@ -2,8 +2,11 @@
 
 A round is ``ROUND``, its stages in order: explore → verify → buffer → train → sync; the Prefect
 flow and ``run_round`` both walk that list. Stage methods take a round number and return small
-metric dicts (namespaced keys); data passes between stages through the store (``staging/``), so
-each stage can be retried on its own. Nothing here imports Prefect: ``tasks/`` wrap these methods.
+metric dicts (namespaced keys). Explore's rollouts are committed to the store (``staging/``) and
+read from memory by verify (from the store when verify runs again, or after a resume); verify hands
+its verified rows to buffer in memory, kept until buffer has stored them (as usual experiences and
+quarantine: the same rows), so a retried buffer has them. Nothing here imports Prefect: ``tasks/``
+wrap these methods.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class Campaign:
                         else StoreWeightSync(self.store, source, target))
         self.policy_version = 0  # the trainer's: +1 after the warm start, +1 per trained round
         self.validation_log: list[ValidationEntry] = []
+        self.verified: dict[int, pa.Table] = {}  # verify's rows of a round, until buffer has stored them
         self.stop_requested: str | None = None  # a signal's name: stop after the current stage, end waits
 
     # setup -----------------------------------------------------------------------------------
@@ -220,7 +224,7 @@ class Campaign:
                 "explore/response_len": pc.mean(lengths).as_py() or 0.0}
 
     def verify(self, round_no: int) -> dict[str, float]:
-        """Score the rollouts and check the experience contract → staging/verified (with ``reason``)."""
+        """Score the rollouts and check the experience contract → the verified rows (with ``reason``), for buffer."""
         scored = explorer.score(self.store.read_staging(round_no, "rollouts"), self.tasks_by_id, self.reward_fn,
                                 self.cfg.reward.function)
         contracts = self.cfg.contracts
@@ -242,14 +246,17 @@ class Campaign:
             metrics["pipeline/dropped"] = result.dropped.num_rows
         reasons = pa.array([None] * accepted.num_rows, pa.string())
         verified = pa.concat_tables([accepted.append_column("reason", reasons), rejected])
-        self.store.write_staging(round_no, "verified", verified)
+        self.verified[round_no] = verified
         rewards = scored.column("reward")
         return {**metrics, "reward/mean": pc.mean(rewards).as_py(), "reward/std": pc.stddev(rewards).as_py() or 0.0,
                 "contract/accepted": verdict.counts["accepted"], "contract/quarantined": verdict.counts["quarantined"]}
 
     def buffer(self, round_no: int) -> dict[str, float]:
         """Commit verified rows: accepted → experiences/usual, rejected → quarantine; pass rates."""
-        verified = self.store.read_staging(round_no, "verified")
+        verified = self.verified.get(round_no)
+        if verified is None:
+            raise RuntimeError(f"round {round_no}: buffer runs after verify in the same process (its verified rows "
+                               "are handed over in memory)")
         rejected = pc.is_valid(verified.column("reason"))
         accepted = verified.filter(pc.invert(rejected)).drop_columns(["reason"])
         self.store.write_usual(round_no, accepted, keep=self.has_trainer)
@@ -259,6 +266,7 @@ class Campaign:
             self.store.write_state("pass_rates", rates.to_state())
         if not self.has_trainer:  # an explorer process: the round is the trainer process's to take now
             self.store.flush()
+        del self.verified[round_no]
         return {"buffer/usual_rows": accepted.num_rows, "tasks/mean_pass_rate": rates.mean()}
 
     def train(self, round_no: int) -> dict[str, float]:

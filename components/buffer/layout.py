@@ -3,7 +3,7 @@
 Object layout under ``<campaign>/`` (every Parquet shard committed with a marker, see ``shards``)::
 
     tasksets/<split>/part-*.parquet                    train and eval tasks
-    staging/round=N/<stage>/part-*.parquet             explorer output (rollouts), verified rows
+    staging/round=N/rollouts/part-*.parquet            explorer output, verify's input (a hand-off)
     experiences/usual/round=N/part-*.parquet           accepted explorer experiences
     experiences/expert/taskset/part-*.parquet          demonstrations: the taskset's gold answers
     experiences/expert/ingest-<hash>/part-*.parquet    demonstrations: ingested ones (and corrections)
