@@ -49,7 +49,8 @@ def write_shard(store: ObjectStore, prefix: str, table: pa.Table, part: int = 0,
     """Write ``table`` as shard ``part`` under ``prefix`` and commit it; idempotent. Returns the key.
 
     With ``committed`` (a reader's cache, key → table), a shard this call commits goes there too
-    (``table`` itself: a Parquet round trip gives back equal rows, ``test_shards``); a shard an
+    (``table`` itself: a Parquet round trip gives back equal rows, as
+    ``test_a_shard_read_back_equals_the_table_written`` checks); a shard an
     earlier run committed does not (its rows may differ from ``table``)."""
     key = shard_key(prefix, part)
     if is_committed(store, prefix, part):

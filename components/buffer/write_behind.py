@@ -1,9 +1,11 @@
 """Write-behind: a campaign's round writes reach the store from one background thread, in order.
 
-A round's shards (the staging hand-offs, accepted experiences, quarantine) and its small state
-files are written while the next stages compute. Parquet encoding, hashing and the store's own IO
-(``fsync`` on ``file://``, HTTP on ``s3://``) release the GIL, so the writes take the core the
-compute leaves. What keeps it safe:
+A round's shards (the rollouts hand-off, accepted experiences, quarantine) and its small state
+files are written while the next stages compute: the store's latency (HTTP round trips on
+``s3://``, ``fsync`` on ``file://``) is waited out beside the compute instead of in it. Measured
+with ``benchmarks/write_behind.py`` (2 cores): on ``file://`` and on a local moto S3 server a round
+takes as long either way (the writes' CPU work competes with the compute's second thread); with
+10 ms added to each S3 request, 295 against 391 ms a round. What keeps it safe:
 
 - one thread, first in first out: the store sees the writes in the order they were made, so a
   crash leaves a prefix of them — what a crash a moment earlier leaves, which resume handles (a
@@ -51,7 +53,8 @@ class WriteBehind:
         try:
             write()
         except BaseException as e:
-            self._failure = e
+            with self._lock:
+                self._failure = e
 
     def pending(self, prefix: str = "") -> list[str]:
         """The keys under ``prefix`` (or equal to it) that queued writes have not yet put."""
@@ -68,7 +71,8 @@ class WriteBehind:
         self._raise_failure()
 
     def _raise_failure(self) -> None:
-        failure, self._failure = self._failure, None
+        with self._lock:
+            failure, self._failure = self._failure, None
         if failure is not None:  # raised once; what was queued behind it was dropped
             raise failure
 
