@@ -1,6 +1,6 @@
 """A round's time with its store writes behind the compute (``storage.write_behind``) or in the
-stages that make them, on file://, on S3 (a local moto server) and on that S3 server behind a
-proxy that adds latency to each request (a remote store; ``--latency-ms``).
+stages that make them, on file://, on S3 (a local moto server) and on that S3 server behind the
+tests' ``FaultProxy`` holding each request ``--latency-ms`` (a remote store).
 
 The work is ``benchmarks/vs_trl.py``'s (8 prompts x 8 responses, 8 new tokens, GRPO, one optimizer
 step a round) on ``builtin:tiny``; each setting runs ``--rounds`` rounds of ``Campaign.run_round``
@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for tests.s3server (the moto helper the tests use)
+sys.path.insert(0, str(ROOT))  # for tests.s3server and tests.faultproxy (the tests' moto server and proxy)
 
 
 def run_rounds(args) -> None:
@@ -50,39 +48,6 @@ def run_rounds(args) -> None:
         print(f"RESULT {1000 * (time.perf_counter() - start) / args.rounds:.2f}", flush=True)
 
 
-class LatencyProxy:
-    """A TCP proxy on 127.0.0.1 that holds each chunk a client sends for ``latency`` seconds before
-    passing it on (a request of headers and body in two sends waits twice)."""
-
-    def __init__(self, upstream_port: int, latency: float):
-        self.upstream, self.latency = ("127.0.0.1", upstream_port), latency
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.endpoint_url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            client, _ = self.listener.accept()
-            upstream = socket.create_connection(self.upstream)
-            threading.Thread(target=self._pump, args=(client, upstream, self.latency), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, 0.0), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket, delay: float) -> None:
-        try:
-            while chunk := source.recv(65536):
-                time.sleep(delay)
-                sink.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (source, sink):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
@@ -96,11 +61,12 @@ def main() -> None:
     if args.write_behind is not None:
         return run_rounds(args)
 
+    from tests.faultproxy import FaultProxy
     from tests.s3server import S3TestServer
 
     rows = []
-    with S3TestServer() as server:
-        proxy = LatencyProxy(int(server.endpoint_url.rsplit(":", 1)[1]), args.latency_ms / 1000)
+    with S3TestServer() as server, FaultProxy(int(server.endpoint_url.rsplit(":", 1)[1])) as proxy:
+        proxy.forward(delay=args.latency_ms / 1000)  # each chunk a client sends: a request of headers + body waits twice
         endpoints = {"s3": server.endpoint_url, "s3-latency": proxy.endpoint_url}
         for backend in args.backends.split(","):
             times: dict[str, list[float]] = {"true": [], "false": []}

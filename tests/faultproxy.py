@@ -4,6 +4,7 @@
         proxy.refuse()                          # the port is closed: connections are refused
         proxy.slow_down()                       # every request is answered 503 SlowDown
         proxy.forward()                         # back to normal
+        proxy.forward(delay=0.01)               # forwarding, each chunk a client sends held 10 ms first
 
 ``refuse`` also cuts the connections that are open (a client's keep-alive pool sees resets);
 ``slow_down`` reads each request (headers and body) and answers as S3 does when throttling.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 from flows.servers import free_port
 
@@ -28,12 +30,14 @@ class FaultProxy:
         self.port = free_port()
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self.mode = "forward"
+        self.delay = 0.0  # seconds each chunk from a client waits before it is passed on
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
 
     # modes -----------------------------------------------------------------------------------
-    def forward(self) -> None:
+    def forward(self, delay: float = 0.0) -> None:
+        self.delay = delay
         self._set("forward")
 
     def slow_down(self) -> None:
@@ -99,7 +103,7 @@ class FaultProxy:
         with self._lock:
             self._open.add(upstream)
         threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
-        _pump(client, upstream)
+        _pump(client, upstream, self.delay)
 
     def _slow_down(self, client: socket.socket) -> None:
         try:
@@ -124,9 +128,11 @@ class FaultProxy:
             _close(client)
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
+def _pump(source: socket.socket, sink: socket.socket, delay: float = 0.0) -> None:
     try:
         while chunk := source.recv(65536):
+            if delay:
+                time.sleep(delay)
             sink.sendall(chunk)
     except OSError:
         pass

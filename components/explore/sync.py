@@ -33,7 +33,7 @@ class MemoryWeightSync:
     def __init__(self, source: nn.Module, target: nn.Module, version: int = 0):
         self.source, self.target, self.version = source, target, version
         # the trainer's own tensors (updated in place by its optimizer), listed once
-        self._weights = source.state_dict(keep_vars=True) if source is not None else {}
+        self._weights = source.state_dict(keep_vars=True)
 
     @torch.no_grad()
     def publish(self, version: int) -> int:

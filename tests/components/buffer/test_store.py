@@ -19,30 +19,6 @@ from components.buffer.store import FileStore, S3Store, StoreUnavailable, open_s
 MiB = 1024 * 1024
 
 
-@pytest.fixture(params=["file", "s3"])
-def open_at(request, tmp_path):
-    """``open_at(sub="", **s3_options)``: a store of this backend rooted at ``<root>/<sub>``."""
-    opened = []
-    if request.param == "file":
-        def open_at(sub: str = "", **s3_options):
-            return open_store((tmp_path / "store" / sub).as_uri())
-    else:
-        server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
-
-        def open_at(sub: str = "", **s3_options):
-            url = f"s3://{bucket}/campaigns/test" + (f"/{sub}" if sub else "")
-            opened.append(open_store(url, endpoint_url=server.endpoint_url, **s3_options))
-            return opened[-1]
-    yield open_at
-    for store in opened:
-        store.close()
-
-
-@pytest.fixture
-def store(open_at):
-    return open_at()
-
-
 def test_put_get_list_delete(store):
     assert store.put("a/b/1.bin", b"one") and store.put("a/b/2.bin", b"two") and store.put("a/c.bin", b"c")
     assert store.get("a/b/1.bin") == b"one" and store.exists("a/c.bin")

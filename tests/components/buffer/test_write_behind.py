@@ -14,20 +14,6 @@ from components.buffer.shards import ShardError, committed_shards, encode_shard,
 from components.data.experience import make_experience, to_table
 
 
-@pytest.fixture(params=["file", "s3"])
-def backend(request, tmp_path):
-    """An empty store of each backend."""
-    from components.buffer.store import open_store
-
-    if request.param == "file":
-        yield open_store((tmp_path / "store").as_uri())
-        return
-    server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
-    store = open_store(f"s3://{bucket}/campaigns/wb", endpoint_url=server.endpoint_url)
-    yield store
-    store.close()
-
-
 class GatedStore:
     """A store whose ``put`` waits while the gate is closed, and records the order of the puts."""
 
@@ -65,76 +51,76 @@ def test_a_shard_read_back_equals_the_table_written():
         assert pq.ParquetFile(io.BytesIO(encode_shard(t))).read().equals(t)
 
 
-def test_queued_round_writes_are_read_in_process_and_stored_in_order(backend):
+def test_queued_round_writes_are_read_in_process_and_stored_in_order(store):
     # given a store that holds every put until released
-    gated = GatedStore(backend)
-    store = CampaignStore(gated, "c", write_behind=True)
+    gated = GatedStore(store)
+    queued = CampaignStore(gated, "c", write_behind=True)
     gated.gate.clear()
     # when a round's writes are made (none can reach the store yet)
     table = rows(1)
-    store.write_staging(1, "rollouts", table)
-    usual = store.write_usual(1, table)
-    store.write_state("fifo_cursor", {"shard": usual, "offset": 4})
+    queued.write_staging(1, "rollouts", table)
+    usual = queued.write_usual(1, table)
+    queued.write_state("fifo_cursor", {"shard": usual, "offset": 4})
     # then this process reads them back at once, from memory
-    assert store.read_staging(1, "rollouts").equals(table)
-    assert store.usual_shards() == [usual] and store.shard(usual).equals(table)
-    assert committed_shards(backend, "c/experiences/usual") == [] and gated.puts == []
+    assert queued.read_staging(1, "rollouts").equals(table)
+    assert queued.usual_shards() == [usual] and queued.shard(usual).equals(table)
+    assert committed_shards(store, "c/experiences/usual") == [] and gated.puts == []
     # and once released, the store holds them, written in the order they were made
     gated.gate.set()
-    store.flush()
-    assert read_shard(backend, usual).equals(table)
-    assert store.read_state("fifo_cursor") == {"shard": usual, "offset": 4}
+    queued.flush()
+    assert read_shard(store, usual).equals(table)
+    assert queued.read_state("fifo_cursor") == {"shard": usual, "offset": 4}
     assert [k.split("/")[1] for k in gated.puts] == ["staging", "staging", "experiences", "experiences", "state"]
     assert gated.puts.index("c/state/fifo_cursor.json") > gated.puts.index(usual)
 
 
-def test_a_direct_write_or_a_read_of_a_queued_key_waits_for_the_queue(backend):
-    gated = GatedStore(backend)
-    store = CampaignStore(gated, "c", write_behind=True)
+def test_a_direct_write_or_a_read_of_a_queued_key_waits_for_the_queue(store):
+    gated = GatedStore(store)
+    queued = CampaignStore(gated, "c", write_behind=True)
     gated.gate.clear()
-    store.write_usual(1, rows(1))
-    store.write_state("pass_rates", {"t1": 0.5})
+    queued.write_usual(1, rows(1))
+    queued.write_state("pass_rates", {"t1": 0.5})
     opener = threading.Timer(0.3, gated.gate.set)
     opener.start()
     # a checkpoint's put (through ``objects``) lands after the queued round writes, never before
-    store.objects.put("c/checkpoints/v000001/checkpoint.json", b"{}")
+    queued.objects.put("c/checkpoints/v000001/checkpoint.json", b"{}")
     assert gated.puts[-1] == "c/checkpoints/v000001/checkpoint.json"
-    assert is_committed(backend, "c/experiences/usual/round=1")
+    assert is_committed(store, "c/experiences/usual/round=1")
     opener.join()
     # a read of a key still queued sees the queued value
     gated.gate.clear()
-    store.write_state("pass_rates", {"t1": 1.0})
+    queued.write_state("pass_rates", {"t1": 1.0})
     threading.Timer(0.3, gated.gate.set).start()
-    assert store.read_state("pass_rates") == {"t1": 1.0}
+    assert queued.read_state("pass_rates") == {"t1": 1.0}
 
 
-def test_a_failed_queued_write_fails_the_next_flush_and_nothing_after_it_is_written(backend):
-    gated = GatedStore(backend)
+def test_a_failed_queued_write_fails_the_next_flush_and_nothing_after_it_is_written(store):
+    gated = GatedStore(store)
     gated.fail_on = "round=2"
-    store = CampaignStore(gated, "c", write_behind=True)
+    queued = CampaignStore(gated, "c", write_behind=True)
     gated.gate.clear()
-    store.write_usual(1, rows(1))
-    store.write_usual(2, rows(2))
-    store.write_state("fifo_cursor", {"shard": "round=2", "offset": 4})
+    queued.write_usual(1, rows(1))
+    queued.write_usual(2, rows(2))
+    queued.write_state("fifo_cursor", {"shard": "round=2", "offset": 4})
     gated.gate.set()
     with pytest.raises(ConnectionError, match="round=2"):
-        store.flush()
-    store.flush()  # raised once
+        queued.flush()
+    queued.flush()  # raised once
     # the store keeps what was written before the failure, nothing queued behind it
-    assert is_committed(backend, "c/experiences/usual/round=1")
-    assert not is_committed(backend, "c/experiences/usual/round=2")
-    assert store.read_state("fifo_cursor") is None
+    assert is_committed(store, "c/experiences/usual/round=1")
+    assert not is_committed(store, "c/experiences/usual/round=2")
+    assert queued.read_state("fifo_cursor") is None
 
 
-def test_a_queued_shard_that_another_writer_commits_first_fails_loudly(backend):
-    gated = GatedStore(backend)
-    store = CampaignStore(gated, "c", write_behind=True)
+def test_a_queued_shard_that_another_writer_commits_first_fails_loudly(store):
+    gated = GatedStore(store)
+    queued = CampaignStore(gated, "c", write_behind=True)
     gated.gate.clear()
-    store.write_usual(1, rows(1, n=4))
-    CampaignStore(backend, "c").write_usual(1, rows(1, n=2))  # another process, at the same time
+    queued.write_usual(1, rows(1, n=4))
+    CampaignStore(store, "c").write_usual(1, rows(1, n=2))  # another process, at the same time
     gated.gate.set()
     with pytest.raises(ShardError, match="another writer committed it"):
-        store.flush()
+        queued.flush()
     # the loser's bytes went over the winner's before its marker lost: a reader is told, never mixed up
     with pytest.raises(ShardError, match="two writers wrote it at once"):
-        read_shard(backend, shard_key("c/experiences/usual/round=1"))
+        read_shard(store, shard_key("c/experiences/usual/round=1"))
