@@ -5,10 +5,13 @@ Layout of a batch: prompts left-padded to P, responses right-padded to R, concat
 engine saw it. The logits predicting response token t are at position P − 1 + t, so the response
 log-probs are read from logits[:, P−1 : P+R−1].
 
-When rows share prompts (a GRPO group's responses), the batch also carries its U distinct prompts
-(U, P_u) and each row's prompt index (B,): the policy then runs each prompt once, with gradients,
-and the responses on top of its KV cache, indexed per row — the same log-probs and gradients
-(up to float rounding) as the full layout, for (U·P_u + B·R) tokens instead of B·(P + R).
+When packing saves positions (rows share prompts, as a GRPO group's responses do, or lengths
+differ), the batch also carries a packed layout: each distinct prompt once, followed by the
+responses to it, real tokens only, in bins of at most ``PACK_TOKENS`` (N, L), with a block mask
+(N, 1, L, L): a prompt token sees its prompt's earlier tokens, a response token its prompt and its
+own earlier tokens. The policy's log-probs and gradients are those of the padded layout (up to
+float rounding) for Σ real tokens instead of B·(P + R): for a round of 8 prompts × 8 responses of
+≤ 8 new tokens, 241 positions instead of 832 (fwd+bwd 21 against 50 ms for builtin:tiny on 2 cores).
 """
 
 from __future__ import annotations
@@ -19,10 +22,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from components.explore.models import forward_with_cache
-
 Row = Mapping[str, Any]
-SHARED_PROMPTS_BELOW = 0.75  # share prompts when distinct prompts / rows is below this (else it costs more)
+PACK_TOKENS = 512  # a bin's positions: attention over a bin costs L² whatever the mask keeps
+PACK_BELOW = 0.75  # pack when the packed positions are below this fraction of the padded layout's
 
 
 def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
@@ -45,51 +47,97 @@ def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
     batch = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions,
              "response_ids": input_ids[:, P:], "mask": torch.tensor(mask, dtype=torch.float32),  # (B, R) trained tokens
              "prompt_len": torch.tensor(P)}
-    return batch | _shared_prompts(rows, pad_id)
+    return batch | _packed(rows, pad_id, len(rows) * (P + R))
 
 
-def _shared_prompts(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
-    """The distinct prompts, left-padded (U, P_u), and each row's index among them (B,); nothing
-    when too few rows share a prompt for one extra forward call to pay."""
-    distinct: dict[tuple[int, ...], int] = {}
-    index = [distinct.setdefault(tuple(r["prompt_ids"]), len(distinct)) for r in rows]
-    if len(distinct) >= SHARED_PROMPTS_BELOW * len(rows):
+def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str, torch.Tensor]:
+    """The packed layout (module docstring), or nothing when it would not save a quarter of the
+    padded layout's positions. Keys: ``packed_ids``, ``packed_positions`` (N, L), ``packed_allowed``
+    (N, L, L) bool, which key each query may see; ``logit_at`` (K, 2) the (bin, position) whose
+    logits predict ``logit_for`` (K, 2), a (row, response token) of the padded layout."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(tuple(r["prompt_ids"]), []).append(i)
+    sizes = {p: len(p) + sum(len(rows[i]["response_ids"]) for i in members) for p, members in groups.items()}
+    if sum(sizes.values()) >= PACK_BELOW * padded_positions:
         return {}
-    P = max(map(len, distinct))
-    ids = torch.tensor([[pad_id] * (P - len(p)) + list(p) for p in distinct], dtype=torch.long)  # (U, P_u)
-    attention = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in distinct], dtype=torch.long)  # (U, P_u)
-    return {"shared_prompt_ids": ids, "shared_prompt_attention": attention, "prompt_index": torch.tensor(index)}
+    bins: list[list[tuple[int, ...]]] = []  # first fit, largest group first; a group larger than a bin has its own
+    room: list[int] = []
+    for prompt in sorted(groups, key=sizes.__getitem__, reverse=True):
+        b = next((b for b, free in enumerate(room) if free >= sizes[prompt]), None)
+        if b is None:
+            b = len(bins)
+            bins.append([])
+            room.append(max(PACK_TOKENS, sizes[prompt]))
+        bins[b].append(prompt)
+        room[b] -= sizes[prompt]
+    L = max(sum(sizes[p] for p in members) for members in bins)
+    ids, positions, segment, owner = [], [], [], []  # per bin; segment: the group (−1: padding), owner: the row (−1: prompt)
+    logit_at, logit_for = [], []
+    for b, members in enumerate(bins):
+        ids.append([]), positions.append([]), segment.append([]), owner.append([])
+        for g, prompt in enumerate(members):
+            n = len(prompt)
+            ids[b] += prompt
+            positions[b] += range(n)
+            segment[b] += [g] * n
+            owner[b] += [-1] * n
+            last_prompt = len(ids[b]) - 1
+            for i in groups[prompt]:
+                resp, at = rows[i]["response_ids"], len(ids[b])
+                m = len(resp)
+                ids[b] += resp
+                positions[b] += range(n, n + m)
+                segment[b] += [g] * m
+                owner[b] += [i] * m
+                logit_at += [(b, last_prompt)] + [(b, at + t) for t in range(m - 1)] if m else []
+                logit_for += [(i, t) for t in range(m)]
+        pad = L - len(ids[b])
+        ids[b] += [pad_id] * pad
+        positions[b] += [0] * pad
+        segment[b] += [-1] * pad
+        owner[b] += [-1] * pad
+    ids, positions, segment, owner = (torch.tensor(x, dtype=torch.long) for x in (ids, positions, segment, owner))
+    order = torch.arange(L)
+    allowed = ((segment.unsqueeze(-1) == segment.unsqueeze(-2)) & (order.view(1, 1, L) <= order.view(1, L, 1))
+               & ((owner.unsqueeze(-2) == -1) | (owner.unsqueeze(-1) == owner.unsqueeze(-2)))
+               & (segment.unsqueeze(-1) >= 0)) | torch.eye(L, dtype=torch.bool)  # padding sees itself only: no empty row
+    return {"packed_ids": ids, "packed_positions": positions, "packed_allowed": allowed,
+            "logit_at": torch.tensor(logit_at), "logit_for": torch.tensor(logit_for)}
 
 
-def _shared_prompt_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Response logits (B, R, V) with each distinct prompt run once: the prompts' last position
-    predicts response token 0; the responses, run over the prompts' KV cache (indexed per row, so
-    gradients flow back into the shared prompt), predict tokens 1 … R − 1."""
-    prompt_attention, index = batch["shared_prompt_attention"], batch["prompt_index"]
-    R = batch["response_ids"].shape[1]
-    first, cache = forward_with_cache(model, input_ids=batch["shared_prompt_ids"], attention_mask=prompt_attention,
-                                      position_ids=(prompt_attention.cumsum(-1) - 1).clamp(min=0),
-                                      logits_to_keep=1)  # logits (U, 1, V)
-    logits = first.logits[index]  # (B, 1, V)
-    if R > 1:
-        cache.batch_select_indices(index)
-        P = int(batch["prompt_len"])
-        response_attention = batch["attention_mask"][:, P:P + R - 1]  # (B, R−1)
-        rest, _ = forward_with_cache(
-            model, cache, input_ids=batch["response_ids"][:, :R - 1],
-            attention_mask=torch.cat([prompt_attention[index], response_attention], -1),
-            position_ids=prompt_attention.sum(-1)[index].unsqueeze(-1) + torch.arange(R - 1, device=index.device))
-        logits = torch.cat([logits, rest.logits], 1)  # (B, R, V)
-    return logits
+def packs(model: PreTrainedModel) -> bool:
+    """Whether ``model`` takes the packed layout: an attention that reads a 4-D mask as given (sdpa,
+    eager) and no sliding-window layers (a custom mask replaces the model's own, window included)."""
+    config = model.config
+    full = all(t == "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"])
+    return (config._attn_implementation in ("sdpa", "eager") and full
+            and not (getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)))
+
+
+def _packed_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Response logits (B, R, V) from one forward over the packed layout; the LM head runs on the
+    positions that predict a response token only."""
+    dtype = next(model.parameters()).dtype
+    allowed = batch["packed_allowed"].unsqueeze(1)  # (N, 1, L, L)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    at, target = batch["logit_at"], batch["logit_for"]  # (K, 2), (K, 2)
+    columns, where = torch.unique(at[:, 1], return_inverse=True)  # positions any bin needs; each K's among them
+    logits = model(input_ids=batch["packed_ids"], position_ids=batch["packed_positions"], attention_mask=mask,
+                   logits_to_keep=columns).logits  # (N, C, V)
+    B, R = batch["response_ids"].shape
+    out = logits.new_zeros(B, R, logits.shape[-1])  # (B, R, V): padding positions stay 0 (masked by the loss)
+    out[target[:, 0], target[:, 1]] = logits[at[:, 0], where]
+    return out
 
 
 def response_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
     """Logits that predict each response token, divided by ``temperature``: (B, R, V). The LM head
     runs on the last R + 1 positions only (``logits_to_keep``), P − 1 … P + R − 1, not on the prompt;
-    a batch with shared prompts runs each once (``_shared_prompt_logits``)."""
+    a batch with a packed layout runs it when the model takes it (``packs``)."""
     R = batch["response_ids"].shape[1]
-    if "prompt_index" in batch:
-        return _shared_prompt_logits(model, batch).float() / temperature
+    if "packed_ids" in batch and packs(model):
+        return _packed_logits(model, batch).float() / temperature
     logits = model(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
         logits_to_keep=R + 1,

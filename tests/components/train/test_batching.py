@@ -3,6 +3,7 @@ import copy
 import pytest
 import torch
 
+from components.train import batching
 from components.train.batching import batch_tensors, behaviour_logprobs, response_logprobs
 
 
@@ -25,36 +26,76 @@ def _logprobs_and_grads(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
     return logprobs.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
-def test_rows_sharing_prompts_run_each_prompt_once_with_the_same_logprobs_and_gradients(tiny):
+def _padded(batch: dict) -> dict:
+    """The batch without its packed layout."""
+    return {k: v for k, v in batch.items() if not k.startswith(("packed_", "logit_"))}
+
+
+@pytest.mark.parametrize("bin_tokens, bins", [(batching.PACK_TOKENS, 1), (24, 4)])
+def test_packed_layout_gives_the_padded_layouts_logprobs_and_gradients(tiny, monkeypatch, bin_tokens, bins):
     model, tokenizer = tiny
+    monkeypatch.setattr(batching, "PACK_TOKENS", bin_tokens)
     policy = copy.deepcopy(model).train()
+    # given 4 prompts with 4 responses each, of different lengths
     rows = _rows(tokenizer, groups=4, per_group=4)
     batch = batch_tensors(rows, tokenizer.pad_token_id)
-    assert batch["shared_prompt_ids"].shape[0] == 4 and batch["prompt_index"].tolist() == [g for g in range(4) for _ in range(4)]
-    full = {k: v for k, v in batch.items() if k not in ("shared_prompt_ids", "shared_prompt_attention", "prompt_index")}
-    shared_logprobs, shared_grads = _logprobs_and_grads(policy, batch)
-    full_logprobs, full_grads = _logprobs_and_grads(policy, full)
-    assert torch.allclose(shared_logprobs, full_logprobs, atol=1e-5)
-    assert float((shared_grads - full_grads).norm() / full_grads.norm()) < 1e-4
-    assert float(full_grads.norm()) > 0
+    # then the packed layout holds each prompt once and the real response tokens, in bins of the size asked
+    real = sum(len(p) for p in {tuple(r["prompt_ids"]) for r in rows}) + sum(len(r["response_ids"]) for r in rows)
+    assert int((batch["packed_ids"] != tokenizer.pad_token_id).sum()) == real
+    largest_group = max(len(rows[g * 4]["prompt_ids"]) + sum(len(r["response_ids"]) for r in rows[g * 4:g * 4 + 4])
+                        for g in range(4))  # a group larger than a bin has a bin of its own
+    assert batch["packed_ids"].shape[0] == bins and batch["packed_ids"].shape[1] <= max(bin_tokens, largest_group)
+    assert batch["packed_ids"].numel() < 0.75 * batch["input_ids"].numel()
+    # and its log-probs and gradients are the padded layout's
+    packed_logprobs, packed_grads = _logprobs_and_grads(policy, batch)
+    padded_logprobs, padded_grads = _logprobs_and_grads(policy, _padded(batch))
+    assert torch.allclose(packed_logprobs, padded_logprobs, atol=1e-5)
+    assert float((packed_grads - padded_grads).norm() / padded_grads.norm()) < 1e-4
+    assert float(padded_grads.norm()) > 0
 
 
-def test_rows_with_distinct_prompts_keep_the_full_layout(tiny):
+def test_hand_built_packed_layout():
+    # given two responses to one prompt and a second prompt with one
+    rows = [{"prompt_ids": [7, 8], "response_ids": [3]}, {"prompt_ids": [9], "response_ids": [4, 5, 6]},
+            {"prompt_ids": [7, 8], "response_ids": [4, 5]}]
+    batch = batching._packed(rows, pad_id=0, padded_positions=100)
+    # then the larger group comes first, each prompt once, positions continue each prompt
+    assert batch["packed_ids"].tolist() == [[7, 8, 3, 4, 5, 9, 4, 5, 6]]
+    assert batch["packed_positions"].tolist() == [[0, 1, 2, 2, 3, 0, 1, 2, 3]]
+    # and a response sees its prompt and itself, not the other response to the same prompt
+    allowed = batch["packed_allowed"][0].int().tolist()
+    assert allowed[3] == [1, 1, 0, 1, 0, 0, 0, 0, 0]  # row 2's first token
+    assert allowed[4] == [1, 1, 0, 1, 1, 0, 0, 0, 0]
+    assert allowed[7] == [0, 0, 0, 0, 0, 1, 1, 1, 0]  # row 1's second token
+    # and each response token is predicted by the position before it
+    assert batch["logit_for"].tolist() == [[0, 0], [2, 0], [2, 1], [1, 0], [1, 1], [1, 2]]
+    assert batch["logit_at"].tolist() == [[0, 1], [0, 1], [0, 3], [0, 5], [0, 6], [0, 7]]
+
+
+def test_rows_packing_would_not_shorten_keep_the_padded_layout_alone(tiny):
     _, tokenizer = tiny
-    assert "prompt_index" not in batch_tensors(_rows(tokenizer, groups=8, per_group=1), tokenizer.pad_token_id)
-    shared = batch_tensors(_rows(tokenizer, groups=2, per_group=1) * 2, tokenizer.pad_token_id)
-    assert shared["prompt_index"].tolist() == [0, 1, 0, 1]
+    rows = [{"prompt_ids": [5 + g, 6, 7], "response_ids": [8, 9]} for g in range(8)]  # distinct prompts, one length
+    assert "packed_ids" not in batch_tensors(rows, tokenizer.pad_token_id)
+    assert "packed_ids" in batch_tensors(rows[:2] * 4, tokenizer.pad_token_id)
+
+
+def test_a_sliding_window_model_keeps_the_padded_layout(tiny):
+    model, _ = tiny
+    assert batching.packs(model)
+    windowed = copy.deepcopy(model)
+    windowed.config.layer_types = ["sliding_attention"] * len(windowed.config.layer_types)
+    assert not batching.packs(windowed)
 
 
 @pytest.mark.parametrize("length", [1, 2])
-def test_one_and_two_token_responses_over_shared_prompts(tiny, length):
+def test_one_and_two_token_responses_packed(tiny, length):
     model, tokenizer = tiny
     rows = [{**r, "response_ids": r["response_ids"][:length]} for r in _rows(tokenizer, groups=2, per_group=3, seed=1)]
     batch = batch_tensors(rows, tokenizer.pad_token_id)
-    full = {k: v for k, v in batch.items() if k not in ("shared_prompt_ids", "shared_prompt_attention", "prompt_index")}
+    assert "packed_ids" in batch
     with torch.no_grad():
         assert torch.allclose(response_logprobs(model, batch) * batch["mask"],
-                              response_logprobs(model, full) * batch["mask"], atol=1e-5)
+                              response_logprobs(model, _padded(batch)) * batch["mask"], atol=1e-5)
 
 
 def test_layout_and_behaviour_logprobs_of_hand_built_rows():
