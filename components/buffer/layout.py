@@ -132,6 +132,7 @@ class CampaignStore:
         self.objects: ObjectStore = OrderedStore(store, self._queue) if self._queue else store
         self._shards: dict[str, pa.Table] = {}
         self._staged: dict[str, pa.Table] = {}
+        self._usual: set[str] = set()  # usual shards known committed (or queued): listed, or written here
         self._expert: pa.Table | None = None
         self._human: pa.Table | None = None
 
@@ -198,8 +199,10 @@ class CampaignStore:
     def write_usual(self, round_no: int, table: pa.Table, keep: bool = True) -> str:
         """Commit a round's accepted explorer rows; ``keep``: also in the shard cache, for a trainer
         in this process (an explorer process alone never reads them)."""
-        return self._write_round_shard(self.key("experiences", "usual", round_dir(round_no)), table,
-                                       self._shards if keep else None)
+        key = self._write_round_shard(self.key("experiences", "usual", round_dir(round_no)), table,
+                                      self._shards if keep else None)
+        self._usual.add(key)
+        return key
 
     def round_committed(self, round_no: int) -> bool:
         """Whether round ``round_no``'s explorer experiences are committed (its buffer stage ran)."""
@@ -207,14 +210,21 @@ class CampaignStore:
 
     def usual_shards(self, max_round: int | None = None) -> list[str]:
         """Committed usual-experience shards, oldest round first (up to ``max_round``); writing
-        behind, those queued too (cached: ``shard`` reads them without waiting)."""
-        prefix = self.key("experiences", "usual")
-        if self._queue is None:
-            keys = committed_shards(self.objects, prefix)
-        else:  # the queue first: a write that ends meanwhile is then in the listing
-            queued = [k for k in self._queue.pending(prefix + "/") if k.endswith(".parquet")]
-            keys = list(set(committed_shards(self._direct, prefix)) | set(queued))
-        keys = sorted(keys, key=shard_order)
+        behind, those queued too (cached: ``shard`` reads them without waiting).
+
+        The store is listed only when some round up to ``max_round`` (or any, without one) has no
+        shard known here: a committed shard never changes or goes while a campaign runs, so the
+        ones listed or written here stay known (a listing is O(rounds): 2.9 ms a round at round 40
+        of a file store, a request on S3)."""
+        known_rounds = {shard_order(k)[0] for k in self._usual}
+        if max_round is None or not known_rounds.issuperset(range(1, max_round + 1)):
+            prefix = self.key("experiences", "usual")
+            if self._queue is None:
+                self._usual.update(committed_shards(self.objects, prefix))
+            else:  # the queue first: a write that ends meanwhile is then in the listing
+                queued = [k for k in self._queue.pending(prefix + "/") if k.endswith(".parquet")]
+                self._usual.update(committed_shards(self._direct, prefix), queued)
+        keys = sorted(self._usual, key=shard_order)
         return keys if max_round is None else [k for k in keys if shard_order(k)[0] <= max_round]
 
     def write_expert(self, table: pa.Table) -> str:

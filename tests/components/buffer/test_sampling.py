@@ -56,6 +56,40 @@ def test_fifo_goes_by_round_number_past_round_9(store):
     assert rows.column("round").to_pylist() == [1, 1, 2, 2, 9, 9, 10, 10, 11, 11]
 
 
+class CountingLists:
+    """A store that counts its listings."""
+
+    def __init__(self, inner):
+        self.inner, self.lists = inner, 0
+
+    def list(self, prefix: str = "") -> list[str]:
+        self.lists += 1
+        return self.inner.list(prefix)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("write_behind", [False, True])
+def test_fifo_lists_the_store_only_for_rounds_written_elsewhere(tmp_path, write_behind):
+    # given a trainer's store and an explorer's, apart, on one campaign
+    trainer = CampaignStore(counted := CountingLists(open_store((tmp_path / "store").as_uri())), "c",
+                            write_behind=write_behind)
+    explorer = CampaignStore(open_store((tmp_path / "store").as_uri()), "c")
+    # when the rounds are written where they are read, no read lists the store
+    for r in (1, 2, 3):
+        trainer.write_usual(r, _round(r, groups=1))
+        rows, commit = take_fifo(trainer, max_round=r)
+        assert rows.column("round").to_pylist() == [r, r]
+        commit()
+    assert counted.lists == 0
+    # and a round written by the other process is found by listing
+    trainer.flush()
+    explorer.write_usual(4, _round(4, groups=1))
+    rows, _ = take_fifo(trainer, max_round=4)
+    assert rows.column("round").to_pylist() == [4, 4] and counted.lists == 1
+
+
 def test_replay_prefers_fresh_groups_decays_with_use_and_respects_the_reuse_limit(store):
     store.write_usual(1, _round(1, groups=2))
     store.write_usual(2, _round(2, groups=2))
