@@ -25,6 +25,13 @@ side runs in its own process with ``--threads`` torch threads; the figures:
   responses, so the work stays identical only while their policies do; at the issue's lr 1e-3
   both lose their accuracy within 40 steps, and their lengths part (``--lr`` sets another rate).
 
+Two more measurements of accuracy instead of speed: ``--replay`` runs TRL and then rftflow's
+``Trainer`` on TRL's own batches (prompt and completion ids, advantages) from the same start
+weights, printing the largest weight difference after any step (an update equal to TRL's up to
+float rounding stays far below one step's size); ``--accuracy-seeds 0,1,...`` runs TRL and the loop
+once per seed from one start model and prints their held-out accuracy paired by seed, with the
+mean difference and its standard error (a seed draws both the tasks' split and the sampling).
+
 The start model: ``--init warm`` (default) is ``builtin:tiny`` after 1000 SFT steps on
 demonstrations, made once by rftflow and saved as a Hugging Face directory, so accuracy means
 something (``--init tiny``: the random ``builtin:tiny``, on which no side learns in 40 steps).
@@ -32,6 +39,8 @@ something (``--init tiny``: the random ``builtin:tiny``, on which no side learns
     pip install -e '.[trl]'
     python benchmarks/vs_trl.py                       # 8 and 32 new tokens, 40 steps, 3 runs per side
     python benchmarks/vs_trl.py --tokens 8 --sides trl,loop,apart
+    python benchmarks/vs_trl.py --tokens 8 --lr 3e-5 --replay
+    python benchmarks/vs_trl.py --tokens 8 --lr 3e-5 --accuracy-seeds 0,1,2,3,4,5
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
 PROMPTS, GROUP = 8, 8
 SIDES = ("trl", "loop", "apart", "flow", "flow_round")
+CHILDREN = (*SIDES, "replay")
 
 
 # The work above as rftflow config keys (over configs/arith-mix.yaml), but for the new tokens
@@ -87,7 +97,8 @@ def accuracy(model, tokenizer, cfg, tasks, reward_fn) -> float:
     return explorer.evaluate(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)["eval/accuracy"]
 
 
-def side_trl(cfg, args) -> dict:
+def trl_trainer(cfg, args):
+    """TRL's ``GRPOTrainer`` on the work above, and the pieces to evaluate it."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -113,6 +124,11 @@ def side_trl(cfg, args) -> dict:
     )
     data = Dataset.from_list([{"prompt": t.prompt} for t in taskset.train])
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer)
+    return trainer, tokenizer, taskset, reward_fn
+
+
+def side_trl(cfg, args) -> dict:
+    trainer, tokenizer, taskset, reward_fn = trl_trainer(cfg, args)
     lengths, log = [], trainer.log
 
     def keep_lengths(logs, *rest):  # TRL keeps a length per step until a log, which clears them
@@ -125,6 +141,51 @@ def side_trl(cfg, args) -> dict:
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "accuracy": accuracy(trainer.model, tokenizer, cfg, taskset.held_out, reward_fn),
             "response_tokens": mean(lengths) if len(lengths) == args.steps else float("nan")}
+
+
+def side_replay(cfg, args) -> dict:
+    """TRL's own batches through rftflow's trainer: TRL trains ``--steps`` steps, keeping each step's
+    batch (prompt and completion ids, advantages) and its weights before the step; rftflow's
+    ``Trainer`` then takes one step on each batch from the same start weights. Returns the largest
+    weight difference after any step against the size of one TRL step, and both accuracies."""
+    import torch
+
+    from components.train.trainer import Trainer
+
+    trainer, tokenizer, taskset, reward_fn = trl_trainer(cfg, args)
+    batches, weights = [], []
+    compute_loss = trainer._compute_loss
+
+    def keep(model, inputs):
+        batches.append({k: v.detach().clone() for k, v in inputs.items() if torch.is_tensor(v)})
+        weights.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = keep
+    trainer.train()
+    weights.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+    trl_accuracy = accuracy(trainer.model, tokenizer, cfg, taskset.held_out, reward_fn)
+
+    from transformers import AutoModelForCausalLM
+
+    algorithm = cfg.algorithm.resolve()
+    ours = Trainer(AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32), tokenizer.pad_token_id,
+                   cfg.trainer, algorithm)
+    options, apart, step = algorithm.loss_options(), 0.0, 0.0
+
+    def largest_difference(a: dict, b: dict) -> float:
+        return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+    for s, batch in enumerate(batches):
+        rows = [{"prompt_ids": batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist(),
+                 "response_ids": batch["completion_ids"][i][batch["completion_mask"][i].bool()].tolist(),
+                 "source": "explorer"} for i in range(len(batch["prompt_ids"]))]
+        ours._step(rows, ours._batch(rows), batch["advantages"].float(), algorithm.loss_fn, options)
+        apart = max(apart, largest_difference(ours.unwrapped.state_dict(), weights[s + 1]))
+        step = max(step, largest_difference(weights[s], weights[s + 1]))
+    return {"steps": len(batches), "largest_weight_difference": apart, "largest_trl_step": step,
+            "trl_accuracy": trl_accuracy,
+            "replayed_accuracy": accuracy(ours.unwrapped, tokenizer, cfg, taskset.held_out, reward_fn)}
 
 
 def side_loop(cfg, args) -> dict:
@@ -258,7 +319,7 @@ def child(args) -> None:
     if args.role:
         result = apart_role(cfg, args)
     else:
-        result = {"trl": side_trl, "loop": side_loop, "apart": side_apart, "flow": side_flow,
+        result = {"trl": side_trl, "loop": side_loop, "apart": side_apart, "flow": side_flow, "replay": side_replay,
                   "flow_round": lambda cfg, args: side_flow(cfg, args, "task_runs=round")}[args.side](cfg, args)
     result.setdefault("peak_rss_mb", peak_rss_mb())
     print("RESULT " + json.dumps(result), flush=True)
@@ -296,7 +357,12 @@ def main() -> None:
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--repeats", type=int, default=3, help="runs per side and setting; the median is reported")
     parser.add_argument("--init", choices=("warm", "tiny"), default="warm")
-    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--replay", action="store_true",
+                        help="instead of timing: TRL's batches through rftflow's trainer, weights compared step by step")
+    parser.add_argument("--accuracy-seeds", metavar="S,S,...",
+                        help="instead of timing: TRL and the loop from one start model (--seed's) once per seed "
+                             "(the tasks' split and the sampling), accuracy paired by seed")
+    parser.add_argument("--side", choices=CHILDREN, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=("train", "explore"), help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
@@ -321,6 +387,10 @@ def main() -> None:
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
         else:
             model_dir = resolve_model_path("builtin:tiny")
+        if args.replay:
+            return print_replay(run_side("replay", model_dir, int(args.tokens.split(",")[0]), args), args)
+        if args.accuracy_seeds:
+            return print_accuracy_by_seed(model_dir, args)
         rows = []
         for tokens in (int(t) for t in args.tokens.split(",")):
             runs: dict[str, list[dict]] = {side: [] for side in sides}
@@ -346,6 +416,30 @@ def main() -> None:
             if "loop" in results and flow in results:
                 print(f"| {tokens} | {flow} / loop time | {results[flow]['seconds'] / results['loop']['seconds']:.2f} | | "
                       f"| | | before and after the rounds {results[flow]['outside_rounds_s']:.0f} s |")
+
+
+def print_replay(r: dict, args) -> None:
+    print(f"\nTRL's {r['steps']} batches (lr {args.lr:g}, seed {args.seed}) through rftflow's trainer from the same start "
+          f"weights: largest weight difference after any step {r['largest_weight_difference']:.2e} "
+          f"(one TRL step moves a weight by up to {r['largest_trl_step']:.2e}); held-out accuracy TRL "
+          f"{r['trl_accuracy']:.3f}, replayed {r['replayed_accuracy']:.3f}")
+
+
+def print_accuracy_by_seed(model_dir: str, args) -> None:
+    """Held-out accuracy after ``--steps`` of TRL and the loop, one run each per seed, paired."""
+    from statistics import stdev
+
+    tokens, pairs = int(args.tokens.split(",")[0]), []
+    for seed in (int(s) for s in args.accuracy_seeds.split(",")):
+        runs = {side: run_side(side, model_dir, tokens, argparse.Namespace(**{**vars(args), "seed": seed}))
+                for side in ("trl", "loop")}
+        pairs.append((seed, runs["trl"]["accuracy"], runs["loop"]["accuracy"]))
+        print(f"seed {seed}: accuracy TRL {pairs[-1][1]:.3f}, loop {pairs[-1][2]:.3f}", flush=True)
+    trl, loop = [p[1] for p in pairs], [p[2] for p in pairs]
+    differences = [b - a for a, b in zip(trl, loop)]
+    error = stdev(differences) / len(differences) ** 0.5 if len(differences) > 1 else float("nan")
+    print(f"\n{len(pairs)} seeds, {args.steps} steps, lr {args.lr:g}, {tokens} tokens: mean accuracy TRL {mean(trl):.3f}, "
+          f"loop {mean(loop):.3f}; loop - TRL {mean(differences):+.3f} (standard error {error:.3f})")
 
 
 def summarize(runs: list[dict], steps: int) -> dict:
