@@ -109,7 +109,9 @@ def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str
 def packs(model: PreTrainedModel) -> bool:
     """Whether ``model`` takes the packed layout: an attention that reads a 4-D mask as given (sdpa,
     eager) and no sliding-window layers (a custom mask replaces the model's own, window included)."""
-    config = model.config
+    config = getattr(model, "config", None)  # a wrapper without one (DDP) keeps the padded layout
+    if config is None:
+        return False
     full = all(t == "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"])
     return (config._attn_implementation in ("sdpa", "eager") and full
             and not (getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)))
