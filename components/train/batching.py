@@ -11,7 +11,7 @@ responses to it, real tokens only, in bins of at most ``PACK_TOKENS`` (N, L), wi
 (N, 1, L, L): a prompt token sees its prompt's earlier tokens, a response token its prompt and its
 own earlier tokens. The policy's log-probs and gradients are those of the padded layout (up to
 float rounding) for Σ real tokens instead of B·(P + R): for a round of 8 prompts × 8 responses of
-≤ 8 new tokens, 241 positions instead of 832 (fwd+bwd 21 against 50 ms for builtin:tiny on 2 cores).
+≤ 8 new tokens, 241 positions instead of 832 (fwd+bwd 19 against 41 ms for builtin:tiny on 2 cores).
 """
 
 from __future__ import annotations
@@ -72,10 +72,10 @@ def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str
         bins[b].append(prompt)
         room[b] -= sizes[prompt]
     L = max(sum(sizes[p] for p in members) for members in bins)
-    ids, positions, segment, owner = [], [], [], []  # per bin; segment: the group (−1: padding), owner: the row (−1: prompt)
+    # per bin: token ids, position ids, the group of each position (−1: padding), its row (−1: a prompt's)
+    ids, positions, segment, owner = ([[] for _ in bins] for _ in range(4))
     logit_at, logit_for = [], []
     for b, members in enumerate(bins):
-        ids.append([]), positions.append([]), segment.append([]), owner.append([])
         for g, prompt in enumerate(members):
             n = len(prompt)
             ids[b] += prompt
@@ -103,7 +103,8 @@ def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str
                & ((owner.unsqueeze(-2) == -1) | (owner.unsqueeze(-1) == owner.unsqueeze(-2)))
                & (segment.unsqueeze(-1) >= 0)) | torch.eye(L, dtype=torch.bool)  # padding sees itself only: no empty row
     return {"packed_ids": ids, "packed_positions": positions, "packed_allowed": allowed,
-            "logit_at": torch.tensor(logit_at), "logit_for": torch.tensor(logit_for)}
+            "logit_at": torch.tensor(logit_at, dtype=torch.long).view(-1, 2),
+            "logit_for": torch.tensor(logit_for, dtype=torch.long).view(-1, 2)}
 
 
 def packs(model: PreTrainedModel) -> bool:
