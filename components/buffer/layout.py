@@ -216,7 +216,8 @@ class CampaignStore:
         shard known here: a committed shard never changes or goes while a campaign runs, so the
         ones listed or written here stay known (a listing is O(rounds): 2.9 ms a round at round 40
         of a file store, a request on S3)."""
-        known_rounds = {shard_order(k)[0] for k in self._usual}
+        # a copy first (one C call): in mode async the explorer's lane adds to the set meanwhile
+        known_rounds = {shard_order(k)[0] for k in list(self._usual)}
         if max_round is None or not known_rounds.issuperset(range(1, max_round + 1)):
             prefix = self.key("experiences", "usual")
             if self._queue is None:
@@ -224,7 +225,7 @@ class CampaignStore:
             else:  # the queue first: a write that ends meanwhile is then in the listing
                 queued = [k for k in self._queue.pending(prefix + "/") if k.endswith(".parquet")]
                 self._usual.update(committed_shards(self._direct, prefix), queued)
-        keys = sorted(self._usual, key=shard_order)
+        keys = sorted(list(self._usual), key=shard_order)
         return keys if max_round is None else [k for k in keys if shard_order(k)[0] <= max_round]
 
     def write_expert(self, table: pa.Table) -> str:
