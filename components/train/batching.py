@@ -78,7 +78,7 @@ def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str
     for b, members in enumerate(bins):
         for g, prompt in enumerate(members):
             n = len(prompt)
-            ids[b] += prompt
+            ids[b] += list(prompt)
             positions[b] += range(n)
             segment[b] += [g] * n
             owner[b] += [-1] * n
@@ -86,7 +86,7 @@ def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str
             for i in groups[prompt]:
                 resp, at = rows[i]["response_ids"], len(ids[b])
                 m = len(resp)
-                ids[b] += resp
+                ids[b] += list(resp)  # a NumPy array would be added element-wise
                 positions[b] += range(n, n + m)
                 segment[b] += [g] * m
                 owner[b] += [i] * m
@@ -108,19 +108,22 @@ def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str
 
 
 def packs(model: PreTrainedModel) -> bool:
-    """Whether ``model`` takes the packed layout: an attention that reads a 4-D mask as given (sdpa,
-    eager) and no sliding-window layers (a custom mask replaces the model's own, window included)."""
+    """Whether ``model`` takes the packed layout: rotary positions (read from ``position_ids``, so
+    each sequence restarts at 0; ALiBi models build their bias from a 2-D mask), an attention that
+    reads a 4-D mask as given (sdpa, eager), and no sliding window (a custom mask replaces the
+    model's own, window included; a config that has one names it in ``sliding_window``)."""
     config = getattr(model, "config", None)  # a wrapper without one (DDP) keeps the padded layout
     if config is None:
         return False
+    rotary = getattr(config, "rope_parameters", None) is not None or getattr(config, "rope_theta", None) is not None
     full = all(t == "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"])
-    return (config._attn_implementation in ("sdpa", "eager") and full
-            and not (getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)))
+    return (rotary and full and not getattr(config, "alibi", False) and not getattr(config, "sliding_window", None)
+            and config._attn_implementation in ("sdpa", "eager"))
 
 
 def _packed_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Response logits (B, R, V) from one forward over the packed layout; the LM head runs on the
-    positions that predict a response token only."""
+    columns where some bin predicts a response token (with one bin, exactly those positions)."""
     dtype = next(model.parameters()).dtype
     allowed = batch["packed_allowed"].unsqueeze(1)  # (N, 1, L, L)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)

@@ -79,12 +79,28 @@ def test_rows_packing_would_not_shorten_keep_the_padded_layout_alone(tiny):
     assert "packed_ids" in batch_tensors(rows[:2] * 4, tokenizer.pad_token_id)
 
 
-def test_a_sliding_window_model_keeps_the_padded_layout(tiny):
+def test_models_whose_mask_or_positions_packing_would_change_keep_the_padded_layout(tiny):
+    from transformers import BloomConfig, BloomForCausalLM, MistralConfig, MistralForCausalLM
+
     model, _ = tiny
     assert batching.packs(model)
     windowed = copy.deepcopy(model)
     windowed.config.layer_types = ["sliding_attention"] * len(windowed.config.layer_types)
     assert not batching.packs(windowed)
+    small = {"vocab_size": 32, "hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1}
+    mistral = MistralForCausalLM(MistralConfig(**small, num_key_value_heads=2, intermediate_size=32, sliding_window=4))
+    assert not batching.packs(mistral)  # a window named only by ``sliding_window``
+    assert not batching.packs(BloomForCausalLM(BloomConfig(vocab_size=32, hidden_size=16, n_head=2, n_layer=1)))  # ALiBi
+
+
+def test_numpy_and_tuple_rows_pack_like_lists(tiny):
+    import numpy as np
+
+    _, tokenizer = tiny
+    rows = _rows(tokenizer, groups=2, per_group=3)
+    as_arrays = [{"prompt_ids": tuple(r["prompt_ids"]), "response_ids": np.array(r["response_ids"])} for r in rows]
+    lists, arrays = (batch_tensors(x, tokenizer.pad_token_id) for x in (rows, as_arrays))
+    assert all(torch.equal(lists[k], arrays[k]) for k in lists)
 
 
 @pytest.mark.parametrize("length", [1, 2])
