@@ -51,16 +51,15 @@ def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str, torch.Tensor]:
-    """The packed layout (module docstring), or nothing when it would not save a quarter of the
-    padded layout's positions. Keys: ``packed_ids``, ``packed_positions`` (N, L), ``packed_allowed``
-    (N, L, L) bool, which key each query may see; ``logit_at`` (K, 2) the (bin, position) whose
-    logits predict ``logit_for`` (K, 2), a (row, response token) of the padded layout."""
+    """The packed layout (module docstring), or nothing when its N·L positions would not save a
+    quarter of the padded layout's. Keys, each (N, L): ``packed_ids``, ``packed_positions``,
+    ``packed_segment`` (the group of each position, −1 for padding) and ``packed_owner`` (its row,
+    −1 for a prompt's), from which ``packed_allowed`` makes the mask; ``logit_at`` (K, 2) the (bin,
+    position) whose logits predict ``logit_for`` (K, 2), a (row, response token) of the padded layout."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(tuple(r["prompt_ids"]), []).append(i)
     sizes = {p: len(p) + sum(len(rows[i]["response_ids"]) for i in members) for p, members in groups.items()}
-    if sum(sizes.values()) >= PACK_BELOW * padded_positions:
-        return {}
     bins: list[list[tuple[int, ...]]] = []  # first fit, largest group first; a group larger than a bin has its own
     room: list[int] = []
     for prompt in sorted(groups, key=sizes.__getitem__, reverse=True):
@@ -72,6 +71,8 @@ def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str
         bins[b].append(prompt)
         room[b] -= sizes[prompt]
     L = max(sum(sizes[p] for p in members) for members in bins)
+    if len(bins) * L >= PACK_BELOW * padded_positions:  # the positions the forward would run
+        return {}
     # per bin: token ids, position ids, the group of each position (−1: padding), its row (−1: a prompt's)
     ids, positions, segment, owner = ([[] for _ in bins] for _ in range(4))
     logit_at, logit_for = [], []
@@ -98,13 +99,21 @@ def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str
         segment[b] += [-1] * pad
         owner[b] += [-1] * pad
     ids, positions, segment, owner = (torch.tensor(x, dtype=torch.long) for x in (ids, positions, segment, owner))
-    order = torch.arange(L)
-    allowed = ((segment.unsqueeze(-1) == segment.unsqueeze(-2)) & (order.view(1, 1, L) <= order.view(1, L, 1))
-               & ((owner.unsqueeze(-2) == -1) | (owner.unsqueeze(-1) == owner.unsqueeze(-2)))
-               & (segment.unsqueeze(-1) >= 0)) | torch.eye(L, dtype=torch.bool)  # padding sees itself only: no empty row
-    return {"packed_ids": ids, "packed_positions": positions, "packed_allowed": allowed,
+    return {"packed_ids": ids, "packed_positions": positions, "packed_segment": segment, "packed_owner": owner,
             "logit_at": torch.tensor(logit_at, dtype=torch.long).view(-1, 2),
             "logit_for": torch.tensor(logit_for, dtype=torch.long).view(-1, 2)}
+
+
+def packed_allowed(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Which key each query of the packed layout may see, (N, L, L) bool: an earlier (or the same)
+    position of its group that is a prompt token or its own row's; padding sees itself only (no
+    empty row). Made from the (N, L) ``packed_segment`` and ``packed_owner`` where they are, so
+    only a model that packs pays the L² mask, on its own device."""
+    segment, owner = batch["packed_segment"], batch["packed_owner"]  # (N, L), (N, L)
+    order = torch.arange(segment.shape[1], device=segment.device)
+    return (((segment.unsqueeze(-1) == segment.unsqueeze(-2)) & (order.view(1, 1, -1) <= order.view(1, -1, 1))
+             & ((owner.unsqueeze(-2) == -1) | (owner.unsqueeze(-1) == owner.unsqueeze(-2)))
+             & (segment.unsqueeze(-1) >= 0)) | torch.eye(len(order), dtype=torch.bool, device=segment.device))
 
 
 def packs(model: PreTrainedModel) -> bool:
@@ -125,7 +134,7 @@ def _packed_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor]) ->
     """Response logits (B, R, V) from one forward over the packed layout; the LM head runs on the
     columns where some bin predicts a response token (with one bin, exactly those positions)."""
     dtype = next(model.parameters()).dtype
-    allowed = batch["packed_allowed"].unsqueeze(1)  # (N, 1, L, L)
+    allowed = packed_allowed(batch).unsqueeze(1)  # (N, 1, L, L)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
     at, target = batch["logit_at"], batch["logit_for"]  # (K, 2), (K, 2)
     columns, where = torch.unique(at[:, 1], return_inverse=True)  # positions any bin needs; each K's among them

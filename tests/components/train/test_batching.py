@@ -63,7 +63,7 @@ def test_hand_built_packed_layout():
     assert batch["packed_ids"].tolist() == [[7, 8, 3, 4, 5, 9, 4, 5, 6]]
     assert batch["packed_positions"].tolist() == [[0, 1, 2, 2, 3, 0, 1, 2, 3]]
     # and a response sees its prompt and itself, not the other response to the same prompt
-    allowed = batch["packed_allowed"][0].int().tolist()
+    allowed = batching.packed_allowed(batch)[0].int().tolist()
     assert allowed[3] == [1, 1, 0, 1, 0, 0, 0, 0, 0]  # row 2's first token
     assert allowed[4] == [1, 1, 0, 1, 1, 0, 0, 0, 0]
     assert allowed[7] == [0, 0, 0, 0, 0, 1, 1, 1, 0]  # row 1's second token
