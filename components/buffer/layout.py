@@ -132,7 +132,7 @@ class CampaignStore:
         self.objects: ObjectStore = OrderedStore(store, self._queue) if self._queue else store
         self._shards: dict[str, pa.Table] = {}
         self._staged: dict[str, pa.Table] = {}
-        self._usual: set[str] = set()  # usual shards known committed (or queued): listed, or written here
+        self._usual: dict[str, int] = {}  # usual shards known committed (or queued), listed or written here → round
         self._expert: pa.Table | None = None
         self._human: pa.Table | None = None
 
@@ -201,7 +201,7 @@ class CampaignStore:
         in this process (an explorer process alone never reads them)."""
         key = self._write_round_shard(self.key("experiences", "usual", round_dir(round_no)), table,
                                       self._shards if keep else None)
-        self._usual.add(key)
+        self._usual[key] = round_no
         return key
 
     def round_committed(self, round_no: int) -> bool:
@@ -216,17 +216,18 @@ class CampaignStore:
         shard known here: a committed shard never changes or goes while a campaign runs, so the
         ones listed or written here stay known (a listing is O(rounds): 2.9 ms a round at round 40
         of a file store, a request on S3)."""
-        # a copy first (one C call): in mode async the explorer's lane adds to the set meanwhile
-        known_rounds = {shard_order(k)[0] for k in list(self._usual)}
-        if max_round is None or not known_rounds.issuperset(range(1, max_round + 1)):
+        known = dict(self._usual)  # a copy (one C call): in mode async the explorer's lane writes meanwhile
+        if max_round is None or not set(known.values()).issuperset(range(1, max_round + 1)):
             prefix = self.key("experiences", "usual")
             if self._queue is None:
-                self._usual.update(committed_shards(self.objects, prefix))
+                listed = committed_shards(self.objects, prefix)
             else:  # the queue first: a write that ends meanwhile is then in the listing
                 queued = [k for k in self._queue.pending(prefix + "/") if k.endswith(".parquet")]
-                self._usual.update(committed_shards(self._direct, prefix), queued)
-        keys = sorted(list(self._usual), key=shard_order)
-        return keys if max_round is None else [k for k in keys if shard_order(k)[0] <= max_round]
+                listed = [*committed_shards(self._direct, prefix), *queued]
+            known |= {key: shard_order(key)[0] for key in listed}
+            self._usual.update(known)
+        return [key for key, r in sorted(known.items(), key=lambda item: (item[1], item[0]))
+                if max_round is None or r <= max_round]
 
     def write_expert(self, table: pa.Table) -> str:
         """The taskset's gold demonstrations (``experiences/expert/taskset``)."""
