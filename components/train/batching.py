@@ -51,8 +51,8 @@ def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str, torch.Tensor]:
-    """The packed layout (module docstring), or nothing when its N·L positions would not save a
-    quarter of the padded layout's. Keys, each (N, L): ``packed_ids``, ``packed_positions``,
+    """The packed layout (module docstring), or nothing when its real tokens would not save a
+    quarter of the padded layout's positions (bins padded to L may run more). Keys, each (N, L): ``packed_ids``, ``packed_positions``,
     ``packed_segment`` (the group of each position, −1 for padding) and ``packed_owner`` (its row,
     −1 for a prompt's), from which ``packed_allowed`` makes the mask; ``logit_at`` (K, 2) the (bin,
     position) whose logits predict ``logit_for`` (K, 2), a (row, response token) of the padded layout."""
@@ -60,6 +60,8 @@ def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str
     for i, r in enumerate(rows):
         groups.setdefault(tuple(r["prompt_ids"]), []).append(i)
     sizes = {p: len(p) + sum(len(rows[i]["response_ids"]) for i in members) for p, members in groups.items()}
+    if sum(sizes.values()) >= PACK_BELOW * padded_positions:
+        return {}
     bins: list[list[tuple[int, ...]]] = []  # first fit, largest group first; a group larger than a bin has its own
     room: list[int] = []
     for prompt in sorted(groups, key=sizes.__getitem__, reverse=True):
@@ -71,8 +73,6 @@ def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str
         bins[b].append(prompt)
         room[b] -= sizes[prompt]
     L = max(sum(sizes[p] for p in members) for members in bins)
-    if len(bins) * L >= PACK_BELOW * padded_positions:  # the positions the forward would run
-        return {}
     # per bin: token ids, position ids, the group of each position (−1: padding), its row (−1: a prompt's)
     ids, positions, segment, owner = ([[] for _ in bins] for _ in range(4))
     logit_at, logit_for = [], []
