@@ -34,7 +34,9 @@ mean difference and its standard error (a seed draws both the tasks' split and t
 
 The start model: ``--init warm`` (default) is ``builtin:tiny`` after 1000 SFT steps on
 demonstrations, made once by rftflow and saved as a Hugging Face directory, so accuracy means
-something (``--init tiny``: the random ``builtin:tiny``, on which no side learns in 40 steps).
+something (``--init tiny``: the random ``builtin:tiny``, on which no side learns in 40 steps). The
+warm model answers in ~3 tokens whatever the limit, so ``--tokens 32`` alone barely lengthens the
+work; long responses are ``--init tiny --tokens 32`` (the random model rarely stops: ~30 tokens).
 
     pip install -e '.[trl]'
     python benchmarks/vs_trl.py                       # 8 and 32 new tokens, 40 steps, 3 runs per side

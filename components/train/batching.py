@@ -5,13 +5,17 @@ Layout of a batch: prompts left-padded to P, responses right-padded to R, concat
 engine saw it. The logits predicting response token t are at position P − 1 + t, so the response
 log-probs are read from logits[:, P−1 : P+R−1].
 
-When packing saves positions (rows share prompts, as a GRPO group's responses do, or lengths
-differ), the batch also carries a packed layout: each distinct prompt once, followed by the
-responses to it, real tokens only, in bins of at most ``PACK_TOKENS`` (N, L), with a block mask
-(N, 1, L, L): a prompt token sees its prompt's earlier tokens, a response token its prompt and its
-own earlier tokens. The policy's log-probs and gradients are those of the padded layout (up to
-float rounding) for Σ real tokens instead of B·(P + R): for a round of 8 prompts × 8 responses of
-≤ 8 new tokens, 241 positions instead of 832 (fwd+bwd 19 against 41 ms for builtin:tiny on 2 cores).
+When it costs less, the batch also carries a packed layout (rows share prompts, as a GRPO group's
+responses do, or lengths differ): each prompt once per bin, followed by responses to it, real
+tokens only, in N bins of L positions, with a block mask (N, 1, L, L): a prompt token sees its
+prompt's earlier tokens, a response token its prompt and its own earlier tokens. The policy's
+log-probs and gradients are those of the padded layout (up to float rounding). The cost of a
+layout is its linear layers' work, N·L positions, plus its attention's, N·L² (query, key) pairs
+under a dense mask whatever it keeps, weighted by ``attention_pair_cost``: long bins save padding
+and pay attention, so the bin size is the cheapest of ``BIN_SIZES`` (``cheapest_bins``), and the
+padded layout stays when no packing costs less. builtin:tiny on 2 cores: 8 prompts × 8 responses
+of ~3 tokens, one bin of ~240 positions instead of 64 × 13 (fwd+bwd 19 against 38 ms); of ~30
+tokens, 8 bins of 256 instead of 64 × 47 (129 against 159 ms; one bin of 512 would take 149).
 """
 
 from __future__ import annotations
@@ -23,12 +27,26 @@ import torch
 from transformers import PreTrainedModel
 
 Row = Mapping[str, Any]
-PACK_TOKENS = 512  # a bin's positions: attention over a bin costs L² whatever the mask keeps
-PACK_BELOW = 0.75  # pack when the packed positions are below this fraction of the padded layout's
+BIN_SIZES = (64, 128, 256, 512, 1024)  # the packed layouts tried: bins of at most this many positions
+PAIR_COST = 1.0e-3  # ``attention_pair_cost`` of builtin:tiny, for callers that name no model
 
 
-def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
-    """Rows with ``prompt_ids``, ``response_ids`` (and optional ``response_mask``) → padded tensors.
+def attention_pair_cost(model: PreTrainedModel) -> float:
+    """The forward FLOPs of one attended (query, key) pair over those of one position's linear
+    layers: 4·layers·heads·head_dim / (2·Σ linear weights). 1.0e-3 for builtin:tiny, ~2.6e-4 for
+    SmolLM2-135M."""
+    config = getattr(model, "config", None)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    if config is None or not linear:
+        return PAIR_COST
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * heads * head_dim / linear
+
+
+def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float = PAIR_COST) -> dict[str, torch.Tensor]:
+    """Rows with ``prompt_ids``, ``response_ids`` (and optional ``response_mask``) → padded tensors,
+    and the packed layout when it costs less (``pair_cost``: the model's ``attention_pair_cost``).
 
     Each tensor is made by one ``torch.tensor`` call over padded lists (a call per row took 1.7 ms
     for a round's 64 rows, this ~0.4 ms)."""
@@ -47,44 +65,82 @@ def batch_tensors(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
     batch = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions,
              "response_ids": input_ids[:, P:], "mask": torch.tensor(mask, dtype=torch.float32),  # (B, R) trained tokens
              "prompt_len": torch.tensor(P)}
-    return batch | _packed(rows, pad_id, len(rows) * (P + R))
+    bins = cheapest_bins(rows, pair_cost)
+    if bins_cost(bins, pair_cost) < layout_cost(len(rows), P + R, pair_cost):
+        batch |= _packed(rows, bins, pad_id)
+    return batch
 
 
-def _packed(rows: Sequence[Row], pad_id: int, padded_positions: int) -> dict[str, torch.Tensor]:
-    """The packed layout (module docstring), or nothing when its real tokens would not save a
-    quarter of the padded layout's positions (bins padded to L may run more). Keys, each (N, L): ``packed_ids``, ``packed_positions``,
-    ``packed_segment`` (the group of each position, −1 for padding) and ``packed_owner`` (its row,
-    −1 for a prompt's), from which ``packed_allowed`` makes the mask; ``logit_at`` (K, 2) the (bin,
-    position) whose logits predict ``logit_for`` (K, 2), a (row, response token) of the padded layout."""
+Unit = tuple[tuple[int, ...], list[int], int]  # a prompt, some of its rows (indices), their positions in all
+
+
+def layout_cost(sequences: int, length: int, pair_cost: float) -> float:
+    """Forward cost of ``sequences`` × ``length`` positions under a dense mask, in positions:
+    N·L·(1 + pair_cost·L) (the linear layers per position, attention per (query, key) pair)."""
+    return sequences * length * (1 + pair_cost * length)
+
+
+def bins_cost(bins: list[list[Unit]], pair_cost: float) -> float:
+    """``layout_cost`` of bins padded to the longest."""
+    return layout_cost(len(bins), max(sum(u[2] for u in units) for units in bins), pair_cost)
+
+
+def cheapest_bins(rows: Sequence[Row], pair_cost: float) -> list[list[Unit]]:
+    """The packed layout of least ``bins_cost`` over the bin sizes of ``BIN_SIZES``. For a size:
+    each group (the rows of one prompt) is cut, in order, into as few units (the prompt once + some
+    of its rows) as fit a bin; then first fit, largest unit first. A unit larger than the bin (a
+    row longer than it, with its prompt) has a bin of its own."""
+    lengths = [len(r["response_ids"]) for r in rows]
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(tuple(r["prompt_ids"]), []).append(i)
-    sizes = {p: len(p) + sum(len(rows[i]["response_ids"]) for i in members) for p, members in groups.items()}
-    if sum(sizes.values()) >= PACK_BELOW * padded_positions:
-        return {}
-    bins: list[list[tuple[int, ...]]] = []  # first fit, largest group first; a group larger than a bin has its own
-    room: list[int] = []
-    for prompt in sorted(groups, key=sizes.__getitem__, reverse=True):
-        b = next((b for b, free in enumerate(room) if free >= sizes[prompt]), None)
-        if b is None:
-            b = len(bins)
-            bins.append([])
-            room.append(max(PACK_TOKENS, sizes[prompt]))
-        bins[b].append(prompt)
-        room[b] -= sizes[prompt]
-    L = max(sum(sizes[p] for p in members) for members in bins)
-    # per bin: token ids, position ids, the group of each position (−1: padding), its row (−1: a prompt's)
+    best, best_cost = [], float("inf")
+    for size in BIN_SIZES:
+        units: list[Unit] = []
+        for prompt, members in groups.items():
+            unit, used = [], len(prompt)
+            for i in members:
+                if unit and used + lengths[i] > size:
+                    units.append((prompt, unit, used))
+                    unit, used = [], len(prompt)
+                unit.append(i)
+                used += lengths[i]
+            units.append((prompt, unit, used))
+        bins: list[list[Unit]] = []
+        room: list[int] = []
+        for unit in sorted(units, key=lambda u: u[2], reverse=True):
+            b = next((b for b, free in enumerate(room) if free >= unit[2]), None)
+            if b is None:
+                b = len(bins)
+                bins.append([])
+                room.append(max(size, unit[2]))
+            bins[b].append(unit)
+            room[b] -= unit[2]
+        cost = bins_cost(bins, pair_cost)
+        if cost < best_cost:
+            best, best_cost = bins, cost
+    return best
+
+
+def _packed(rows: Sequence[Row], bins: list[list[Unit]], pad_id: int) -> dict[str, torch.Tensor]:
+    """The packed layout of ``bins`` (module docstring). Keys, each (N, L): ``packed_ids``,
+    ``packed_positions``, ``packed_segment`` (the unit of each position within its bin, −1 for
+    padding) and ``packed_owner`` (its row, −1 for a prompt's), from which ``packed_allowed`` makes
+    the mask; ``logit_at`` (K, 2) the (bin, position) whose logits predict ``logit_for`` (K, 2), a
+    (row, response token) of the padded layout."""
+    L = max(sum(u[2] for u in units) for units in bins)
+    # per bin: token ids, position ids, the unit of each position (−1: padding), its row (−1: a prompt's)
     ids, positions, segment, owner = ([[] for _ in bins] for _ in range(4))
     logit_at, logit_for = [], []
-    for b, members in enumerate(bins):
-        for g, prompt in enumerate(members):
+    for b, units in enumerate(bins):
+        for g, (prompt, members, _) in enumerate(units):
             n = len(prompt)
             ids[b] += list(prompt)
             positions[b] += range(n)
             segment[b] += [g] * n
             owner[b] += [-1] * n
             last_prompt = len(ids[b]) - 1
-            for i in groups[prompt]:
+            for i in members:
                 resp, at = rows[i]["response_ids"], len(ids[b])
                 m = len(resp)
                 ids[b] += list(resp)  # a NumPy array would be added element-wise

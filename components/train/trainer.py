@@ -19,7 +19,8 @@ from transformers import PreTrainedModel
 
 from components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, get_loss, kl_penalty, regularized
 from components.config import TrainerConfig
-from components.train.batching import batch_tensors, behaviour_logprobs, response_logits, response_logprobs
+from components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, response_logits,
+                                      response_logprobs)
 from components.train.critic import Critic
 from components.train.optim import adamw, cosine
 
@@ -36,6 +37,7 @@ class Trainer:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         optimizer = adamw(model.parameters(), trainer.lr, trainer.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.pair_cost = attention_pair_cost(model)  # packed or padded micro-batches: ``batch_tensors``
         self.steps = 0
         self.ref_model: PreTrainedModel | None = None
         self.critic: Critic | None = None
@@ -51,7 +53,7 @@ class Trainer:
                                  value_clip=self.algorithm.value_clip)
 
     def _batch(self, chunk: Sequence[Row]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.accelerator.device) for k, v in batch_tensors(chunk, self.pad_id).items()}
+        return {k: v.to(self.accelerator.device) for k, v in batch_tensors(chunk, self.pad_id, self.pair_cost).items()}
 
     @torch.no_grad()
     def _per_token(self, rows: Sequence[Row], fn) -> torch.Tensor:

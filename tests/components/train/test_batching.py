@@ -31,21 +31,24 @@ def _padded(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if not k.startswith(("packed_", "logit_"))}
 
 
-@pytest.mark.parametrize("bin_tokens, bins", [(batching.PACK_TOKENS, 1), (24, 4)])
-def test_packed_layout_gives_the_padded_layouts_logprobs_and_gradients(tiny, monkeypatch, bin_tokens, bins):
+@pytest.mark.parametrize("bin_size", [512, 24, 12])
+def test_packed_layout_gives_the_padded_layouts_logprobs_and_gradients(tiny, monkeypatch, bin_size):
     model, tokenizer = tiny
-    monkeypatch.setattr(batching, "PACK_TOKENS", bin_tokens)
+    monkeypatch.setattr(batching, "BIN_SIZES", (bin_size,))
     policy = copy.deepcopy(model).train()
     # given 4 prompts with 4 responses each, of different lengths
     rows = _rows(tokenizer, groups=4, per_group=4)
     batch = batch_tensors(rows, tokenizer.pad_token_id)
-    # then the packed layout holds each prompt once and the real response tokens, in bins of the size asked
-    real = sum(len(p) for p in {tuple(r["prompt_ids"]) for r in rows}) + sum(len(r["response_ids"]) for r in rows)
-    assert int((batch["packed_ids"] != tokenizer.pad_token_id).sum()) == real
-    largest_group = max(len(rows[g * 4]["prompt_ids"]) + sum(len(r["response_ids"]) for r in rows[g * 4:g * 4 + 4])
-                        for g in range(4))  # a group larger than a bin has a bin of its own
-    assert batch["packed_ids"].shape[0] == bins and batch["packed_ids"].shape[1] <= max(bin_tokens, largest_group)
-    assert batch["packed_ids"].numel() < 0.75 * batch["input_ids"].numel()
+    # then the packed layout holds the real response tokens, and each prompt once per bin its rows are in
+    bins = batching.cheapest_bins(rows, batching.PAIR_COST)
+    prompts = sum(len(prompt) for units in bins for prompt, _, _ in units)
+    assert int((batch["packed_ids"] != tokenizer.pad_token_id).sum()) == prompts + sum(len(r["response_ids"]) for r in rows)
+    longest_row = max(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)  # a bin holds one at least
+    assert batch["packed_ids"].shape[1] <= max(bin_size, longest_row)
+    if bin_size == 512:  # one bin, each prompt once
+        assert batch["packed_ids"].shape[0] == 1 and prompts == sum(len(p) for p in {tuple(r["prompt_ids"]) for r in rows})
+    else:  # groups cut into units: some prompt is in more than one bin
+        assert batch["packed_ids"].shape[0] > 1 and len({u[0] for units in bins for u in units}) < sum(map(len, bins))
     # and its log-probs and gradients are the padded layout's
     packed_logprobs, packed_grads = _logprobs_and_grads(policy, batch)
     padded_logprobs, padded_grads = _logprobs_and_grads(policy, _padded(batch))
@@ -54,11 +57,43 @@ def test_packed_layout_gives_the_padded_layouts_logprobs_and_gradients(tiny, mon
     assert float(padded_grads.norm()) > 0
 
 
+def test_the_cheapest_layout_is_chosen_by_its_cost():
+    # given 8 prompts of 15 tokens with 8 responses of 30 tokens each
+    rows = [{"prompt_ids": [g + 3] * 15, "response_ids": [5] * 30} for g in range(8) for _ in range(8)]
+    costs = {size: batching.bins_cost(_bins_of(rows, size), 1e-3) for size in batching.BIN_SIZES}
+    chosen = batching.cheapest_bins(rows, 1e-3)
+    # then the chosen bins cost the least of the sizes tried (here a group a bin: 8 × 255)
+    assert batching.bins_cost(chosen, 1e-3) == min(costs.values()) == costs[256]
+    assert [sum(u[2] for u in units) for units in chosen] == [255] * 8
+    # and the layout is packed when it costs less than the padded one, which attention makes dearer
+    assert "packed_ids" in batch_tensors(rows, pad_id=0, pair_cost=1e-3)
+    assert batching.layout_cost(64, 45, 1e-3) > costs[256] and batching.layout_cost(64, 45, 0) > 8 * 255
+    # and with attention ten times dearer, a row a bin (its prompt with it) is cheapest: the padded
+    # layout's cost, so the padded layout is kept
+    assert [sum(u[2] for u in units) for units in batching.cheapest_bins(rows, 1e-2)] == [45] * 64
+    assert "packed_ids" not in batch_tensors(rows, pad_id=0, pair_cost=1e-2)
+
+
+def _bins_of(rows, size):
+    import unittest.mock
+
+    with unittest.mock.patch.object(batching, "BIN_SIZES", (size,)):
+        return batching.cheapest_bins(rows, 1e-3)
+
+
+def test_pair_cost_of_a_model(tiny):
+    model, _ = tiny
+    c = model.config
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    expected = 2 * c.num_hidden_layers * c.num_attention_heads * (c.hidden_size // c.num_attention_heads) / linear
+    assert batching.attention_pair_cost(model) == pytest.approx(expected) and 0 < expected < 0.01
+
+
 def test_hand_built_packed_layout():
     # given two responses to one prompt and a second prompt with one
     rows = [{"prompt_ids": [7, 8], "response_ids": [3]}, {"prompt_ids": [9], "response_ids": [4, 5, 6]},
             {"prompt_ids": [7, 8], "response_ids": [4, 5]}]
-    batch = batching._packed(rows, pad_id=0, padded_positions=100)
+    batch = batching._packed(rows, batching.cheapest_bins(rows, batching.PAIR_COST), pad_id=0)
     # then the larger group comes first, each prompt once, positions continue each prompt
     assert batch["packed_ids"].tolist() == [[7, 8, 3, 4, 5, 9, 4, 5, 6]]
     assert batch["packed_positions"].tolist() == [[0, 1, 2, 2, 3, 0, 1, 2, 3]]
