@@ -36,12 +36,12 @@ def attention_pair_cost(model: PreTrainedModel) -> float:
     layers: 4·layers·heads·head_dim / (2·Σ linear weights). 1.0e-3 for builtin:tiny, ~2.6e-4 for
     SmolLM2-135M."""
     config = getattr(model, "config", None)
+    layers, heads, hidden = (getattr(config, k, None) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    if config is None or not linear:
+    if not (layers and heads and hidden and linear):  # a config that names none of them: builtin:tiny's
         return PAIR_COST
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * config.num_hidden_layers * heads * head_dim / linear
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return 2 * layers * heads * head_dim / linear
 
 
 def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float = PAIR_COST) -> dict[str, torch.Tensor]:

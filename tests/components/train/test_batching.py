@@ -87,6 +87,10 @@ def test_pair_cost_of_a_model(tiny):
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     expected = 2 * c.num_hidden_layers * c.num_attention_heads * (c.hidden_size // c.num_attention_heads) / linear
     assert batching.attention_pair_cost(model) == pytest.approx(expected) and 0 < expected < 0.01
+    # a model whose config names no layers or heads falls back to builtin:tiny's
+    bare = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    bare.config = object()
+    assert batching.attention_pair_cost(bare) == batching.PAIR_COST
 
 
 def test_hand_built_packed_layout():
