@@ -44,9 +44,10 @@ def attention_pair_cost(model: PreTrainedModel) -> float:
     return 2 * layers * heads * head_dim / linear
 
 
-def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float = PAIR_COST) -> dict[str, torch.Tensor]:
+def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float | None = PAIR_COST) -> dict[str, torch.Tensor]:
     """Rows with ``prompt_ids``, ``response_ids`` (and optional ``response_mask``) → padded tensors,
-    and the packed layout when it costs less (``pair_cost``: the model's ``attention_pair_cost``).
+    and the packed layout when it costs less (``pair_cost``: the model's ``attention_pair_cost``;
+    None: a model that does not pack, ``packs``, so no packed layout is worked out).
 
     Each tensor is made by one ``torch.tensor`` call over padded lists (a call per row took 1.7 ms
     for a round's 64 rows, this ~0.4 ms)."""
@@ -65,6 +66,8 @@ def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float = PAIR_COST
     batch = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions,
              "response_ids": input_ids[:, P:], "mask": torch.tensor(mask, dtype=torch.float32),  # (B, R) trained tokens
              "prompt_len": torch.tensor(P)}
+    if pair_cost is None:
+        return batch
     bins = cheapest_bins(rows, pair_cost)
     if bins_cost(bins, pair_cost) < layout_cost(len(rows), P + R, pair_cost):
         batch |= _packed(rows, bins, pad_id)
@@ -89,7 +92,8 @@ def cheapest_bins(rows: Sequence[Row], pair_cost: float) -> list[list[Unit]]:
     """The packed layout of least ``bins_cost`` over the bin sizes of ``BIN_SIZES``. For a size:
     each group (the rows of one prompt) is cut, in order, into as few units (the prompt once + some
     of its rows) as fit a bin; then first fit, largest unit first. A unit larger than the bin (a
-    row longer than it, with its prompt) has a bin of its own."""
+    row longer than it, with its prompt) has a bin of its own. Once everything fits one bin, no
+    group was cut, and a larger size would give the same bin: the sizes after it are not tried."""
     lengths = [len(r["response_ids"]) for r in rows]
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, r in enumerate(rows):
@@ -119,6 +123,8 @@ def cheapest_bins(rows: Sequence[Row], pair_cost: float) -> list[list[Unit]]:
         cost = bins_cost(bins, pair_cost)
         if cost < best_cost:
             best, best_cost = bins, cost
+        if len(bins) == 1:
+            break
     return best
 
 

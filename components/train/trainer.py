@@ -19,8 +19,8 @@ from transformers import PreTrainedModel
 
 from components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, get_loss, kl_penalty, regularized
 from components.config import TrainerConfig
-from components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, response_logits,
-                                      response_logprobs)
+from components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, packs,
+                                      response_logits, response_logprobs)
 from components.train.critic import Critic
 from components.train.optim import adamw, cosine
 
@@ -37,7 +37,9 @@ class Trainer:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         optimizer = adamw(model.parameters(), trainer.lr, trainer.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        self.pair_cost = attention_pair_cost(model)  # packed or padded micro-batches: ``batch_tensors``
+        # packed or padded micro-batches (``batch_tensors``); a model (or wrapper) that cannot take the
+        # packed layout never has one worked out
+        self.pair_cost = attention_pair_cost(model) if packs(self.model) else None
         self.steps = 0
         self.ref_model: PreTrainedModel | None = None
         self.critic: Critic | None = None

@@ -93,6 +93,36 @@ def test_pair_cost_of_a_model(tiny):
     assert batching.attention_pair_cost(bare) == batching.PAIR_COST
 
 
+def test_a_model_that_does_not_pack_gets_no_packed_layout_worked_out(tiny, monkeypatch):
+    from components.algorithms import resolve
+    from components.config import TrainerConfig
+    from components.train.trainer import Trainer
+
+    model, tokenizer = tiny
+    rows = _rows(tokenizer, groups=4, per_group=4)
+    assert "packed_ids" in batch_tensors(rows, tokenizer.pad_token_id)
+    assert "packed_ids" not in batch_tensors(rows, tokenizer.pad_token_id, pair_cost=None)
+    # a trainer over a model that takes a 4-D mask packs; over one that does not, it never bins its rows
+    assert "packed_ids" in Trainer(copy.deepcopy(model), tokenizer.pad_token_id, TrainerConfig(),
+                                   resolve("grpo"))._batch(rows)
+    windowed = copy.deepcopy(model)
+    windowed.config.layer_types = ["sliding_attention"] * len(windowed.config.layer_types)
+    trainer = Trainer(windowed, tokenizer.pad_token_id, TrainerConfig(), resolve("grpo"))
+    monkeypatch.setattr(batching, "cheapest_bins", lambda *a: pytest.fail("binned rows for a model that does not pack"))
+    assert trainer.pair_cost is None and "packed_ids" not in trainer._batch(rows)
+
+
+def test_sizes_after_one_bin_are_not_tried(monkeypatch):
+    # given rows that fit one bin of the smallest size
+    rows = [{"prompt_ids": [3, 4], "response_ids": [5, 6]} for _ in range(4)]
+    tried = []
+    real = batching.bins_cost
+    monkeypatch.setattr(batching, "bins_cost", lambda bins, c: tried.append(len(bins)) or real(bins, c))
+    bins = batching.cheapest_bins(rows, batching.PAIR_COST)
+    # then one size was tried, and its one bin holds the prompt once and the four responses
+    assert tried == [1] and [sum(u[2] for u in units) for units in bins] == [2 + 4 * 2]
+
+
 def test_hand_built_packed_layout():
     # given two responses to one prompt and a second prompt with one
     rows = [{"prompt_ids": [7, 8], "response_ids": [3]}, {"prompt_ids": [9], "response_ids": [4, 5, 6]},
