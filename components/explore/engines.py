@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from components.explore.decode import decode_steps
 from components.explore.models import forward_with_cache
 
 
@@ -85,10 +86,10 @@ class HFRolloutEngine:
         """``n`` responses to each of ``prompts`` (G prompts → G·n rollouts, a group's together).
 
         A decode loop of its own rather than ``model.generate``, for three things ``generate`` does
-        not do: each prompt is encoded once and its KV cache shared by its group
-        (``batch_repeat_interleave``); a row that has emitted EOS leaves the batch and the cache
-        (``batch_select_indices``) instead of being computed until the longest row ends; only the
-        sampled token's log-prob is kept, not every step's (N, V) logits. Sampling is
+        not do: each prompt is encoded once and its K/V shared by its group; a row that has emitted
+        EOS leaves the batch and the cache instead of being computed until the longest row ends; only the
+        sampled token's log-prob is kept, not every step's (N, V) logits. The steps after the
+        prefill are ``components.explore.decode``'s (lean for the Llama family). Sampling is
         ``generate``'s: a multinomial draw from softmax(logits / temperature), or the argmax when
         ``greedy``.
         """
@@ -104,10 +105,8 @@ class HFRolloutEngine:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (G, P)
         out, cache = forward_with_cache(model, input_ids=input_ids, attention_mask=attention, position_ids=positions,
                                         logits_to_keep=1)
-        if n > 1:
-            cache.batch_repeat_interleave(n)
+        steps = decode_steps(model, cache, attention, n, max_new_tokens)
         logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V), N = G·n
-        attention = attention.repeat_interleave(n, 0)  # (N, P)
         position = positions[:, -1].repeat_interleave(n, 0)  # (N,)
         rows = len(prompts) * n
         tokens = torch.full((rows, max_new_tokens), tok.pad_token_id, dtype=torch.long)  # (N, S)
@@ -126,13 +125,10 @@ class HFRolloutEngine:
             if bool(ended.any()):  # finished rows leave the batch
                 keep = (~ended).nonzero().squeeze(-1)
                 active, on_device = active[keep], keep.to(device)
-                chosen, attention, position = chosen[on_device], attention[on_device], position[on_device]
-                cache.batch_select_indices(on_device)
-            attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=-1)
+                chosen, position = chosen[on_device], position[on_device]
+                steps.keep(on_device)
             position = position + 1
-            out, cache = forward_with_cache(model, cache, input_ids=chosen.unsqueeze(-1), attention_mask=attention,
-                                            position_ids=position.unsqueeze(-1))
-            logits = out.logits[:, -1]
+            logits = steps.step(chosen, position)
         rollouts = []
         for i in range(rows):
             ids = tokens[i, :int(lengths[i])].tolist()

@@ -1,0 +1,97 @@
+"""The rollout engine's decode steps: the model's own forward against ``LeanSteps``.
+
+For ``--rows`` rows (``--prompts`` prompts x the rest as their group) after one prefill, times
+``--steps`` decode steps each way (``components.explore.decode``: ``CacheSteps`` through
+``model(...)`` and a ``DynamicCache``, ``LeanSteps`` as direct tensor calls with K/V buffers), and
+a whole sampled ``HFRolloutEngine.generate`` of the same prompts each way (rows leave as they
+end). Prints ms per step, the ratio, and the largest logit difference between the two.
+
+    python benchmarks/decode_step.py                          # builtin:tiny, 64 rows, 8 and 32 steps
+    python benchmarks/decode_step.py --model builtin:smollm2-135m-instruct --rows 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from statistics import median
+
+import torch
+
+import flows  # noqa: F401  (quiet library defaults)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="builtin:tiny")
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--steps", default="8,32", help="decode steps, one setting per value")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs per side; the median is reported")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from components.explore import decode
+    from components.explore.engines import HFRolloutEngine
+    from components.explore.models import forward_with_cache, load_model
+
+    model, tokenizer = load_model(args.model)
+    model.eval()
+    print(f"{args.model}: lean steps {'used' if decode.lean_unsupported(model) is None else 'not possible: ' + decode.lean_unsupported(model)}; "
+          f"{args.rows} rows, {args.threads} threads")
+    n = args.rows // args.prompts
+    prompts = [f"{17 * i % 90 + 3} + {31 * i % 70 + 5} =" for i in range(args.prompts)]
+    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    width = max(map(len, encoded))
+    ids = torch.full((len(encoded), width), tokenizer.pad_token_id or 0, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for i, p in enumerate(encoded):
+        ids[i, width - len(p):], attention[i, width - len(p):] = torch.tensor(p), 1
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+
+    @torch.inference_mode()
+    def steps(kind, count: int) -> tuple[float, list[torch.Tensor]]:
+        """Seconds for ``count`` steps after a prefill (not timed), and their logits."""
+        _, cache = forward_with_cache(model, input_ids=ids, attention_mask=attention, position_ids=positions,
+                                      logits_to_keep=1)
+        walker = kind(model, cache, attention, n) if kind is decode.CacheSteps else kind(model, cache, attention, n, count)
+        token = torch.full((len(encoded) * n,), encoded[0][0], dtype=torch.long)
+        position, logits = positions[:, -1].repeat_interleave(n, 0), []
+        start = time.perf_counter()
+        for _ in range(count):
+            position = position + 1
+            logits.append(walker.step(token, position))
+            token = logits[-1].argmax(-1)
+        return time.perf_counter() - start, logits
+
+    for count in (int(s) for s in args.steps.split(",")):
+        times: dict[str, list[float]] = {"model": [], "lean": []}
+        for _ in range(args.repeats):  # interleaved, so a slow spell of the machine hits both
+            for name, kind in (("model", decode.CacheSteps), ("lean", decode.LeanSteps)):
+                times[name].append(steps(kind, count)[0])
+        apart = max((a - b).abs().max().item() for a, b in zip(steps(decode.CacheSteps, count)[1],
+                                                                 steps(decode.LeanSteps, count)[1]))
+        model_ms, lean_ms = (median(times[k]) / count * 1e3 for k in ("model", "lean"))
+        print(f"{count} steps of {args.rows} rows: model(...) {model_ms:.2f} ms a step, lean {lean_ms:.2f} "
+              f"({model_ms / lean_ms:.2f}x); largest logit difference {apart:.1e}")
+
+    engine = HFRolloutEngine(model, tokenizer)
+    count = max(int(s) for s in args.steps.split(","))
+    generate = {"model": [], "lean": []}
+    real = decode.lean_unsupported
+    for _ in range(args.repeats):
+        for name in ("model", "lean"):
+            decode.lean_unsupported = real if name == "lean" else (lambda model: "timed the other way")
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            engine.generate(prompts, n=n, max_new_tokens=count)
+            generate[name].append(time.perf_counter() - start)
+    decode.lean_unsupported = real
+    model_s, lean_s = median(generate["model"]), median(generate["lean"])
+    print(f"generate (sampled, up to {count} tokens): model(...) {model_s * 1e3:.1f} ms, lean {lean_s * 1e3:.1f} "
+          f"({model_s / lean_s:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
