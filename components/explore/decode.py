@@ -10,9 +10,10 @@ Two implementations of one contract (``step(tokens, positions) -> logits``, ``ke
 Why a second implementation of what transformers does: at the explorer's sizes a decode step is
 a few hundred small tensor ops, and transformers spends longer on the Python around them (the
 module calls, the mask builders, the cache growing by ``torch.cat`` at every step) than on the
-arithmetic: a step of 64 rows of ``builtin:tiny`` costs ~4.5 ms through ``model(...)`` and
-~1.5 ms here (``benchmarks/decode_step.py``). The prefill stays the model's own forward: its
-K/V are copied into the buffers. ``tests/test_decode.py`` holds the two to the same logits.
+arithmetic: a step of 64 rows of ``builtin:tiny`` costs 5.5 ms through ``model(...)`` and 3.4
+ms here on 2 cores (``benchmarks/decode_step.py``; SmolLM2-135M, 16 rows: 109 and 95 ms, where
+the matmuls dominate). The prefill stays the model's own forward: its K/V are copied into the
+buffers. ``tests/components/explore/test_decode.py`` holds the two to the same logits.
 """
 
 from __future__ import annotations
@@ -113,7 +114,10 @@ class LeanSteps:
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # by hand: F.rms_norm measured ~70 µs a call here against ~20 for these five ops
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(self.eps)) * weight
+        if x.dtype == torch.float32:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(self.eps)) * weight
+        wide = x.float()  # half precision: the mean of squares in float32, as the model's RMSNorm does
+        return weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True).add_(self.eps))).to(x.dtype)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens, positions (A,) → next-token logits (A, V)."""
@@ -135,7 +139,8 @@ class LeanSteps:
             q = qk[:, :heads].reshape(rows, kv, heads // kv, dim)  # (A, Hkv, H/Hkv, D), already / √D
             scores = torch.matmul(q, keys[:, :, :t + 1].transpose(-1, -2))  # (A, Hkv, H/Hkv, t+1)
             scores += bias
-            o = torch.matmul(torch.softmax(scores, dim=-1), values[:, :, :t + 1])  # (A, Hkv, H/Hkv, D)
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+            o = torch.matmul(weights, values[:, :, :t + 1])  # (A, Hkv, H/Hkv, D)
             x = _affine(o.reshape(rows, heads * dim), w.o, w.o_bias, x)
             h = self._norm(x, layer.post_attention_layernorm.weight)
             gate_up = _affine(h, w.gate_up, w.gate_up_bias)  # (A, 2I)

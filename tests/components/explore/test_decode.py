@@ -135,3 +135,18 @@ def test_fused_weights_follow_a_weight_sync(tiny):
     attn = model.model.layers[2].self_attn
     q_rows = attn.q_proj.out_features
     assert_close(again[2].qkv[:, q_rows:q_rows + attn.k_proj.out_features], attn.k_proj.weight.t())
+
+
+def test_lean_steps_in_bfloat16_stay_as_close_as_the_models_own_forward(tiny):
+    """Half precision (as on a GPU): the lean step keeps RMSNorm's mean of squares and the
+    softmax in float32 like the model does, so it lands within bfloat16's rounding of the model's
+    own bfloat16 logits (both measured against float32)."""
+    model, tokenizer = tiny
+    half = copy.deepcopy(model).to(torch.bfloat16).eval()
+    prompts = [tokenizer("12+7=")["input_ids"], tokenizer("3+45+6=")["input_ids"]]
+    exact, _ = both_ways(model.eval(), prompts, n=2, steps=4, vocab=len(tokenizer), drop_at=2)
+    reference, lean = both_ways(half, prompts, n=2, steps=4, vocab=len(tokenizer), drop_at=2)
+    for e, r, x in zip(exact, reference, lean):
+        model_error = (r.float() - e).abs().max()
+        assert (x.float() - e).abs().max() <= 2 * model_error + 1e-2
+        assert x.dtype == torch.bfloat16
