@@ -34,7 +34,7 @@ def lean_unsupported(model) -> str | None:
     """Why ``LeanSteps`` cannot reproduce ``model``'s forward, or None when it can: the class is
     ``LlamaForCausalLM``/``Qwen2ForCausalLM`` itself (not a wrapper) with full attention in every
     layer, one tensor-parallel slice, SiLU gating, plain ``nn.Linear`` projections (not quantized
-    or adapted ones) and no forward hooks (the lean step calls no module)."""
+    or adapted ones) and no forward hooks, torch's or accelerate's (the lean step calls no module)."""
     cfg = model.config
     if LEAN_MODELS.get(type(model).__name__) != cfg.model_type:
         return f"{type(model).__name__} ({cfg.model_type}) is not one of {', '.join(LEAN_MODELS)}"
@@ -47,6 +47,8 @@ def lean_unsupported(model) -> str | None:
     modules = list(model.modules())
     if any(m._forward_hooks or m._forward_pre_hooks for m in modules) or nn.modules.module._global_forward_hooks:
         return "forward hooks"
+    if any(hasattr(m, "_hf_hook") for m in modules):  # accelerate's offloading and device maps wrap forward
+        return "accelerate hooks"
     projections = [model.lm_head, *(getattr(layer.self_attn, p) for layer in model.model.layers
                                     for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
                    *(getattr(layer.mlp, p) for layer in model.model.layers for p in ("gate_proj", "up_proj", "down_proj"))]

@@ -116,7 +116,12 @@ def test_a_hooked_or_adapted_model_takes_its_own_forward(tiny):
     hooked.lm_head.register_forward_hook(lambda module, args, out: out)
     adapted = copy.deepcopy(model)
     adapted.model.layers[1].mlp.up_proj = torch.nn.Sequential(adapted.model.layers[1].mlp.up_proj)
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    offloaded = copy.deepcopy(model)
+    add_hook_to_module(offloaded.model.layers[0], ModelHook())
     assert lean_unsupported(hooked) == "forward hooks"
+    assert lean_unsupported(offloaded) == "accelerate hooks"
     assert lean_unsupported(adapted) == "projections other than nn.Linear"
 
 
