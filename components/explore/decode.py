@@ -45,13 +45,12 @@ def lean_unsupported(model) -> str | None:
     if cfg.hidden_act != "silu":
         return f"hidden_act {cfg.hidden_act!r}"
     modules = list(model.modules())
-    if any(m._forward_hooks or m._forward_pre_hooks for m in modules) or nn.modules.module._global_forward_hooks:
+    hooked = nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
+    if hooked or any(m._forward_hooks or m._forward_pre_hooks for m in modules):
         return "forward hooks"
     if any(hasattr(m, "_hf_hook") for m in modules):  # accelerate's offloading and device maps wrap forward
         return "accelerate hooks"
-    projections = [model.lm_head, *(getattr(layer.self_attn, p) for layer in model.model.layers
-                                    for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
-                   *(getattr(layer.mlp, p) for layer in model.model.layers for p in ("gate_proj", "up_proj", "down_proj"))]
+    projections = [model.lm_head, *(p for layer in model.model.layers for p in _projections(layer))]
     if any(type(p) is not nn.Linear for p in projections):
         return "projections other than nn.Linear"
     return None
