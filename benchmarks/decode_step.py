@@ -34,7 +34,7 @@ def main() -> None:
 
     from components.explore import decode
     from components.explore.engines import HFRolloutEngine
-    from components.explore.models import forward_with_cache, load_model
+    from components.explore.models import load_model
 
     model, tokenizer = load_model(args.model)
     model.eval()
@@ -43,21 +43,14 @@ def main() -> None:
     n = args.rows // args.prompts
     prompts = [f"{17 * i % 90 + 3} + {31 * i % 70 + 5} =" for i in range(args.prompts)]
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    width = max(map(len, encoded))
-    ids = torch.full((len(encoded), width), tokenizer.pad_token_id or 0, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for i, p in enumerate(encoded):
-        ids[i, width - len(p):], attention[i, width - len(p):] = torch.tensor(p), 1
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
 
     @torch.inference_mode()
     def steps(kind, count: int) -> tuple[float, list[torch.Tensor]]:
         """Seconds for ``count`` steps after a prefill (not timed), and their logits."""
-        _, cache = forward_with_cache(model, input_ids=ids, attention_mask=attention, position_ids=positions,
-                                      logits_to_keep=1)
-        walker = kind(model, cache, attention, n) if kind is decode.CacheSteps else kind(model, cache, attention, n, count)
+        _, cache, attention, last = decode.prefill(model, encoded, tokenizer.pad_token_id or 0)
+        walker = kind(model, cache, attention, n, count)
         token = torch.full((len(encoded) * n,), encoded[0][0], dtype=torch.long)
-        position, logits = positions[:, -1].repeat_interleave(n, 0), []
+        position, logits = last.repeat_interleave(n, 0), []
         start = time.perf_counter()
         for _ in range(count):
             position = position + 1
@@ -76,18 +69,15 @@ def main() -> None:
         print(f"{count} steps of {args.rows} rows: model(...) {model_ms:.2f} ms a step, lean {lean_ms:.2f} "
               f"({model_ms / lean_ms:.2f}x); largest logit difference {apart:.1e}")
 
-    engine = HFRolloutEngine(model, tokenizer)
+    engines = {"model": HFRolloutEngine(model, tokenizer, lean_steps=False), "lean": HFRolloutEngine(model, tokenizer)}
     count = max(int(s) for s in args.steps.split(","))
     generate = {"model": [], "lean": []}
-    real = decode.lean_unsupported
     for _ in range(args.repeats):
-        for name in ("model", "lean"):
-            decode.lean_unsupported = real if name == "lean" else (lambda model: "timed the other way")
+        for name, engine in engines.items():
             torch.manual_seed(0)
             start = time.perf_counter()
             engine.generate(prompts, n=n, max_new_tokens=count)
             generate[name].append(time.perf_counter() - start)
-    decode.lean_unsupported = real
     model_s, lean_s = median(generate["model"]), median(generate["lean"])
     print(f"generate (sampled, up to {count} tokens): model(...) {model_s * 1e3:.1f} ms, lean {lean_s * 1e3:.1f} "
           f"({model_s / lean_s:.2f}x)")

@@ -59,7 +59,7 @@ def lean_unsupported(model) -> str | None:
 class CacheSteps:
     """Decode steps through ``model(...)`` and its ``DynamicCache`` (after the prefill's ``cache``)."""
 
-    def __init__(self, model, cache, attention: torch.Tensor, n: int):
+    def __init__(self, model, cache, attention: torch.Tensor, n: int, max_new_tokens: int):
         if n > 1:
             cache.batch_repeat_interleave(n)
         self.model, self.cache = model, cache
@@ -220,9 +220,26 @@ def _affine(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None,
     return out if bias is None else out.add_(bias)
 
 
-def decode_steps(model, cache, attention: torch.Tensor, n: int, max_new_tokens: int) -> CacheSteps | LeanSteps:
+def prefill(model, prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, object, torch.Tensor, torch.Tensor]:
+    """The model's own forward over G prompts, left-padded to the longest (positions count from each
+    prompt's first token): (last logits (G, V), its K/V cache, attention (G, P), last positions (G,))."""
+    device = next(model.parameters()).device
+    width = max(map(len, prompts))
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (G, P)
+    attention = torch.zeros_like(input_ids)  # (G, P)
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p):] = torch.tensor(p)
+        attention[i, width - len(p):] = 1
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (G, P)
+    out, cache = forward_with_cache(model, input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                                    logits_to_keep=1)
+    return out.logits[:, -1], cache, attention, positions[:, -1]
+
+
+def decode_steps(model, cache, attention: torch.Tensor, n: int, max_new_tokens: int,
+                 lean: bool = True) -> CacheSteps | LeanSteps:
     """The steps after the prefill of G prompts (``attention`` (G, P), ``cache`` its K/V), for n
-    rows per prompt (row i·n + j is prompt i's j-th): lean where the model allows it."""
-    if lean_unsupported(model) is None:
-        return LeanSteps(model, cache, attention, n, max_new_tokens)
-    return CacheSteps(model, cache, attention, n)
+    rows per prompt (row i·n + j is prompt i's j-th): lean where asked and the model allows it."""
+    kind = LeanSteps if lean and lean_unsupported(model) is None else CacheSteps
+    return kind(model, cache, attention, n, max_new_tokens)

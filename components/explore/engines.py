@@ -23,8 +23,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from components.explore.decode import decode_steps
-from components.explore.models import forward_with_cache
+from components.explore.decode import decode_steps, prefill
 
 
 @dataclass
@@ -55,11 +54,13 @@ class HFRolloutEngine:
         *,
         batch_size: int = 256,
         chat_template: bool = False,
+        lean_steps: bool = True,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.chat_template = chat_template
+        self.lean_steps = lean_steps  # False: every step through the model's own forward (``decode``)
 
     def encode(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
@@ -95,19 +96,10 @@ class HFRolloutEngine:
         """
         tok, model = self.tokenizer, self.model
         device = next(model.parameters()).device
-        width = max(map(len, prompts))
-        input_ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)  # (G, P) left-padded
-        attention = torch.zeros_like(input_ids)  # (G, P)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p):] = torch.tensor(p)
-            attention[i, width - len(p):] = 1
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (G, P)
-        out, cache = forward_with_cache(model, input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                                        logits_to_keep=1)
-        steps = decode_steps(model, cache, attention, n, max_new_tokens)
-        logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V), N = G·n
-        position = positions[:, -1].repeat_interleave(n, 0)  # (N,)
+        last, cache, attention, position = prefill(model, prompts, tok.pad_token_id)
+        steps = decode_steps(model, cache, attention, n, max_new_tokens, lean=self.lean_steps)
+        logits = last.repeat_interleave(n, 0)  # (N, V), N = G·n
+        position = position.repeat_interleave(n, 0)  # (N,)
         rows = len(prompts) * n
         tokens = torch.full((rows, max_new_tokens), tok.pad_token_id, dtype=torch.long)  # (N, S)
         logprobs = torch.zeros(rows, max_new_tokens)  # (N, S)

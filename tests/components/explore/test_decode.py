@@ -4,22 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from components.explore.decode import CacheSteps, LeanSteps, decode_steps, lean_unsupported
-from components.explore.models import forward_with_cache
-
-
-def prefill(model, prompts: list[list[int]], pad: int):
-    """The engine's prefill: left-padded prompts, positions from the first real token."""
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):], attention[i, width - len(p):] = torch.tensor(p), 1
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    with torch.inference_mode():
-        out, cache = forward_with_cache(model, input_ids=ids, attention_mask=attention, position_ids=positions,
-                                        logits_to_keep=1)
-    return out.logits[:, -1], cache, attention, positions[:, -1]
+from components.explore.decode import CacheSteps, LeanSteps, decode_steps, lean_unsupported, prefill
 
 
 def both_ways(model, prompts, n: int, steps: int, vocab: int, drop_at: int):
@@ -29,9 +14,9 @@ def both_ways(model, prompts, n: int, steps: int, vocab: int, drop_at: int):
     tokens = torch.randint(3, vocab, (steps, len(prompts) * n))
     seen = {}
     for kind in (CacheSteps, LeanSteps):
-        _, cache, attention, last = prefill(model, prompts, pad=0)
         with torch.inference_mode():
-            walker = kind(model, cache, attention, n) if kind is CacheSteps else kind(model, cache, attention, n, steps)
+            _, cache, attention, last = prefill(model, prompts, pad_id=0)
+            walker = kind(model, cache, attention, n, steps)
             active, position, out = torch.arange(len(prompts) * n), last.repeat_interleave(n, 0), []
             for s in range(steps):
                 if s == drop_at:
@@ -82,27 +67,26 @@ def test_other_models_take_their_own_forward(tiny):
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
     assert "sliding" in lean_unsupported(windowed)
     assert "GPT2LMHeadModel" in lean_unsupported(gpt2)
-    _, cache, attention, _ = prefill(gpt2, [[1, 2, 3]], pad=0)
+    with torch.inference_mode():
+        _, cache, attention, _ = prefill(gpt2, [[1, 2, 3]], pad_id=0)
     assert isinstance(decode_steps(gpt2, cache, attention, 2, 4), CacheSteps)
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_engine_samples_the_same_through_either_steps(tiny, monkeypatch, greedy):
+def test_engine_samples_the_same_through_either_steps(tiny, greedy):
     """The engine's rollouts (tokens and log-probs) do not depend on which steps it takes."""
-    from components.explore import decode
     from components.explore.engines import HFRolloutEngine
 
     model, tokenizer = tiny
-    engine = HFRolloutEngine(model, tokenizer)
     prompts = ["12+7=", "3+45+6=", "9="]
 
-    def sample():
+    def sample(lean_steps: bool):
         torch.manual_seed(3)
+        engine = HFRolloutEngine(model, tokenizer, lean_steps=lean_steps)
         return engine.generate(prompts, n=4, max_new_tokens=12, greedy=greedy)
 
-    lean = sample()
-    monkeypatch.setattr(decode, "lean_unsupported", lambda model: "forced")
-    reference = sample()
+    lean = sample(True)
+    reference = sample(False)
     for lean_group, reference_group in zip(lean, reference):
         for a, b in zip(lean_group, reference_group):
             assert a.response_ids == b.response_ids
