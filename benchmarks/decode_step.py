@@ -8,6 +8,7 @@ end). Prints ms per step, the ratio, and the largest logit difference between th
 
     python benchmarks/decode_step.py                          # builtin:tiny, 64 rows, 8 and 32 steps
     python benchmarks/decode_step.py --model builtin:smollm2-135m-instruct --rows 16
+    python benchmarks/decode_step.py --device cuda --dtype bfloat16   # on a GPU (timed after a synchronize)
 """
 
 from __future__ import annotations
@@ -29,17 +30,26 @@ def main() -> None:
     parser.add_argument("--steps", default="8,32", help="decode steps, one setting per value")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per side; the median is reported")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+
+    def clock() -> float:
+        """Seconds, once the device's queued work is done."""
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     from components.explore import decode
     from components.explore.engines import HFRolloutEngine
     from components.explore.models import load_model
 
-    model, tokenizer = load_model(args.model)
-    model.eval()
-    print(f"{args.model}: lean steps {'used' if decode.lean_unsupported(model) is None else 'not possible: ' + decode.lean_unsupported(model)}; "
-          f"{args.rows} rows, {args.threads} threads")
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    model.to(args.device).eval()
+    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"CPU, {args.threads} threads"
+    print(f"{args.model} ({args.dtype}): lean steps {'used' if decode.lean_unsupported(model) is None else 'not possible: ' + decode.lean_unsupported(model)}; "
+          f"{args.rows} rows; {where}")
     n = args.rows // args.prompts
     prompts = [f"{17 * i % 90 + 3} + {31 * i % 70 + 5} =" for i in range(args.prompts)]
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -49,14 +59,14 @@ def main() -> None:
         """Seconds for ``count`` steps after a prefill (not timed), and their logits."""
         _, cache, attention, last = decode.prefill(model, encoded, tokenizer.pad_token_id or 0)
         walker = kind(model, cache, attention, n, count)
-        token = torch.full((len(encoded) * n,), encoded[0][0], dtype=torch.long)
+        token = torch.full((len(encoded) * n,), encoded[0][0], dtype=torch.long, device=args.device)
         position, logits = last.repeat_interleave(n, 0), []
-        start = time.perf_counter()
+        start = clock()
         for _ in range(count):
             position = position + 1
             logits.append(walker.step(token, position))
             token = logits[-1].argmax(-1)
-        return time.perf_counter() - start, logits
+        return clock() - start, logits
 
     for count in (int(s) for s in args.steps.split(",")):
         times: dict[str, list[float]] = {"model": [], "lean": []}
@@ -75,9 +85,9 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, engine in engines.items():
             torch.manual_seed(0)
-            start = time.perf_counter()
+            start = clock()
             engine.generate(prompts, n=n, max_new_tokens=count)
-            generate[name].append(time.perf_counter() - start)
+            generate[name].append(clock() - start)
     model_s, lean_s = median(generate["model"]), median(generate["lean"])
     print(f"generate (sampled, up to {count} tokens): model(...) {model_s * 1e3:.1f} ms, lean {lean_s * 1e3:.1f} "
           f"({model_s / lean_s:.2f}x)")

@@ -11,16 +11,17 @@ def both_ways(model, prompts, n: int, steps: int, vocab: int, drop_at: int):
     """Logits of ``steps`` decode steps (random tokens; at ``drop_at`` every third row leaves) through
     the model's own forward and through ``LeanSteps``, from one prefill each."""
     torch.manual_seed(0)
-    tokens = torch.randint(3, vocab, (steps, len(prompts) * n))
+    device = next(model.parameters()).device
+    tokens = torch.randint(3, vocab, (steps, len(prompts) * n)).to(device)
     seen = {}
     for kind in (CacheSteps, LeanSteps):
         with torch.inference_mode():
             _, cache, attention, last = prefill(model, prompts, pad_id=0)
             walker = kind(model, cache, attention, n, steps)
-            active, position, out = torch.arange(len(prompts) * n), last.repeat_interleave(n, 0), []
+            active, position, out = torch.arange(len(prompts) * n, device=device), last.repeat_interleave(n, 0), []
             for s in range(steps):
                 if s == drop_at:
-                    keep = torch.tensor([i for i in range(len(active)) if i % 3 != 1])
+                    keep = torch.tensor([i for i in range(len(active)) if i % 3 != 1], device=device)
                     walker.keep(keep)
                     active, position = active[keep], position[keep]
                 position = position + 1
@@ -124,6 +125,23 @@ def test_fused_weights_follow_a_weight_sync(tiny):
     attn = model.model.layers[2].self_attn
     q_rows = attn.q_proj.out_features
     assert_close(again[2].qkv[:, q_rows:q_rows + attn.k_proj.out_features], attn.k_proj.weight.t())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="decoding on a GPU needs one (none here)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_steps_on_a_gpu_give_the_models_own_logits(tiny, dtype):
+    """On the GPU, in float32 and in bfloat16: the lean step within the model's own rounding of
+    its float32 logits (TF32 matmuls included), rows leaving mid-way."""
+    model, tokenizer = tiny
+    prompts = [tokenizer("12+7=")["input_ids"], tokenizer("3+45+6=")["input_ids"], tokenizer("9=")["input_ids"]]
+    exact, _ = both_ways(copy.deepcopy(model).eval(), prompts, n=4, steps=6, vocab=len(tokenizer), drop_at=3)
+    on_gpu = copy.deepcopy(model).to("cuda", dtype).eval()
+    reference, lean = both_ways(on_gpu, prompts, n=4, steps=6, vocab=len(tokenizer), drop_at=3)
+    for e, r, x in zip(exact, reference, lean):
+        assert x.device.type == "cuda" and x.dtype == dtype
+        model_error = (r.float().cpu() - e).abs().max()
+        assert (x.float().cpu() - e).abs().max() <= 2 * model_error + 1e-4
+    assert (exact[0] - exact[1]).abs().max() > 0.1  # the steps differ: the check can fail
 
 
 def test_lean_steps_in_bfloat16_stay_as_close_as_the_models_own_forward(tiny):
