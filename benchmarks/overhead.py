@@ -11,7 +11,8 @@ Runs the real flow (``rft_campaign`` on the embedded Prefect API, MLflow on SQLi
   state file);
 - the rounds' span: what no step covers is Prefect (task runs, their states and logs).
 
-Rounds 2 to ``--rounds`` are counted (round 1 also pays one-time costs, such as reading the taskset).
+Rounds 2 to ``--rounds`` are counted (round 1 also pays one-time costs, such as reading the taskset,
+and with ``task_runs: auto``, the default, it runs a task run per stage whatever comes after it).
 
 Prints per step the seconds in each part and the non-compute share of the rounds' wall time, for
 the default campaign (``configs/arith-mix.yaml``) and for TRL-sized rounds (``benchmarks/vs_trl.py``'s:
@@ -130,6 +131,7 @@ def measure(setting: str, args: argparse.Namespace) -> None:
         state = rft_campaign(str(CONFIG), run_dir, overrides, show_progress=False, return_state=True)
         if not state.is_completed():
             raise SystemExit(f"{setting}: the campaign did not finish: {state.message}")
+        task_runs = state.result()["task_runs"]
     span = timers.intervals[-1][1] - timers.intervals[0][0]
     covered = sum(end - start for start, end in timers.intervals)
     rows, totals = [], defaultdict(float)
@@ -146,7 +148,7 @@ def measure(setting: str, args: argparse.Namespace) -> None:
     prefect = span - covered
     counted = args.rounds - FIRST_ROUND + 1
     print(f"\n{setting}: rounds {FIRST_ROUND}-{args.rounds}, {span:.1f} s from round {FIRST_ROUND}'s explore to the "
-          f"last step ({span / counted:.2f} s a round); {' '.join(overrides)}\n")
+          f"last step ({span / counted:.2f} s a round), a Prefect task run per {task_runs}; {' '.join(overrides)}\n")
     print("| step | runs | wall s | compute s | store, contracts, other s | MLflow + state s | non-compute |\n"
           "| --- | --- | --- | --- | --- | --- | --- |")
     for step, n, wall, compute, data, tracking in rows:

@@ -15,8 +15,10 @@ side runs in its own process with ``--threads`` torch threads; the figures:
   the trainer's last sync; the flow: ``rftflow run`` as a user runs it, its
   ``rounds_wall_seconds``: from the first round's explore to the last round's sync, Prefect task
   runs, MLflow and state writes included; what the flow does before and after them, start-up and
-  the final evaluation, checkpoint and registration, is reported apart; ``flow`` runs a Prefect
-  task per stage, the default, ``flow_round`` one per round, ``task_runs: round``); each side runs
+  the final evaluation, checkpoint and registration, is reported apart; ``flow`` runs the default,
+  ``task_runs: auto`` (a Prefect task run per stage for the first round, then per stage or per
+  round by Prefect's share of that round), ``flow_stage`` a task run per stage throughout
+  (``task_runs: stage``), ``flow_round`` one per round (``task_runs: round``)); each side runs
   ``--repeats`` times, sides interleaved, and the median is reported with the range (on a shared
   2-core machine one side's runs spread by up to a third);
 - peak RSS of the process (apart: of both processes, summed);
@@ -62,7 +64,7 @@ from statistics import mean, median
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
 PROMPTS, GROUP = 8, 8
-SIDES = ("trl", "loop", "apart", "flow", "flow_round")
+SIDES = ("trl", "loop", "apart", "flow", "flow_stage", "flow_round")
 CHILDREN = (*SIDES, "replay")
 
 
@@ -287,7 +289,8 @@ def side_flow(cfg, args, *more: str) -> dict:
                                                                                   "explore/response_len")
         return {"seconds": summary["rounds_wall_seconds"], "accuracy": summary["eval_accuracy_after"],
                 "outside_rounds_s": wall - summary["rounds_wall_seconds"], "peak_rss_mb": rss,
-                "response_tokens": mean(m.value for m in lengths) if lengths else float("nan")}
+                "response_tokens": mean(m.value for m in lengths) if lengths else float("nan"),
+                "task_runs": summary["task_runs"]}
 
 
 def make_warm_start(model_dir: str, args) -> float:
@@ -322,6 +325,7 @@ def child(args) -> None:
         result = apart_role(cfg, args)
     else:
         result = {"trl": side_trl, "loop": side_loop, "apart": side_apart, "flow": side_flow, "replay": side_replay,
+                  "flow_stage": lambda cfg, args: side_flow(cfg, args, "task_runs=stage"),
                   "flow_round": lambda cfg, args: side_flow(cfg, args, "task_runs=round")}[args.side](cfg, args)
     result.setdefault("peak_rss_mb", peak_rss_mb())
     print("RESULT " + json.dumps(result), flush=True)
@@ -401,8 +405,8 @@ def main() -> None:
                     runs[side].append(r := run_side(side, model_dir, tokens, args))
                     print(f"{tokens} tokens, {side}, run {repeat + 1}/{args.repeats}: "
                           f"{samples_per_s(r['seconds'], args.steps):.0f} samples/s, accuracy {r['accuracy']:.3f}, "
-                          f"response tokens {r['response_tokens']:.1f}",
-                          flush=True)
+                          f"response tokens {r['response_tokens']:.1f}"
+                          + (f", a task run per {r['task_runs']}" if "task_runs" in r else ""), flush=True)
             rows.append((tokens, {side: summarize(rs, args.steps) for side, rs in runs.items()}))
     print(f"\n{args.steps} steps of {PROMPTS} prompts x {GROUP} responses, lr {args.lr:g}, {args.threads} threads, "
           f"seed {args.seed}, start model {args.init}; median of {args.repeats} runs per side (range)\n")
@@ -414,7 +418,7 @@ def main() -> None:
             ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
             print(f"| {tokens} | {side} | {r['samples_per_s']:.0f} ({r['range']}) | {r['seconds'] / args.steps:.3f} | "
                   f"{r['peak_rss_mb']:.0f} | {r['accuracy']:.3f} | {r['response_tokens']:.1f} | {ratio} |")
-        for flow in ("flow", "flow_round"):
+        for flow in ("flow", "flow_stage", "flow_round"):
             if "loop" in results and flow in results:
                 print(f"| {tokens} | {flow} / loop time | {results[flow]['seconds'] / results['loop']['seconds']:.2f} | | "
                       f"| | | before and after the rounds {results[flow]['outside_rounds_s']:.0f} s |")

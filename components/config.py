@@ -358,12 +358,18 @@ class CampaignConfig(_Section):
         "alone (trains on what the store holds, publishes weights); `bench`: evaluate `bench.models` on "
         "`bench.tasksets`. `explore` + `train` on one store form one campaign (`sync.method: checkpoint`).",
     )
-    task_runs: Literal["stage", "round"] = Field(
-        "stage", description="Prefect task runs of a round: `stage`, one per stage (`explore[r=3]`, `verify[r=3]`, "
+    task_runs: Literal["auto", "stage", "round"] = Field(
+        "auto", description="Prefect task runs of a round: `stage`, one per stage (`explore[r=3]`, `verify[r=3]`, "
         "…: each timed, logged and failed on its own in the Prefect UI); `round`, one per round (`round[r=3]`) "
-        "running its stages in order, each still timed and logged to MLflow (`time/<stage>_s`). A task run costs "
-        "Prefect ~3–5 ms and three events on a small machine: next to rounds under ~0.5 s that is a large share "
-        "(TRL-sized rounds of ~70 ms: the flow took 1.6× its round loop's time with `stage`, ~1.2× with `round`).",
+        "running its stages in order, each still timed and logged to MLflow (`time/<stage>_s`) and named in the "
+        "task run's log line; `auto`, one per stage for this attempt's first round, then one per stage while "
+        "Prefect's share of that round's time stays within `task_runs_max_share`, else one per round (mode "
+        "`async`: always one per stage). A task run costs Prefect ~5 ms on 2 cores: nothing next to rounds of "
+        "seconds, a third of TRL-sized rounds of ~70 ms.",
+    )
+    task_runs_max_share: float = Field(
+        0.05, ge=0.0, le=1.0, description="`task_runs: auto`: the largest share of the first round's time "
+        "(wall time of its task runs) that Prefect's task runs may take and keep one per stage.",
     )
     model: ModelConfig = Field(default_factory=ModelConfig)
     taskset: TasksetConfig = Field(default_factory=TasksetConfig)

@@ -81,7 +81,11 @@ class CampaignRun:
         self.promotion: str | None = None  # the promotion's decision, in one line
         self._lock = threading.RLock()  # async mode: two lanes record their stages at once
         self.round_stages = {"explore": ROUND[:3], "train": ROUND[3:]}.get(cfg.mode, ROUND)  # this process's
-        self.round_steps = ("round",) if cfg.task_runs == "round" else self.round_stages  # a round, as steps
+        # "stage" or "round"; None while task_runs auto is still measuring (see ``task_run_done``)
+        self.task_runs = {"auto": "stage" if cfg.mode == "async" else None}.get(cfg.task_runs, cfg.task_runs)
+        self.round_steps = ("round",) if self.task_runs == "round" else self.round_stages  # a round, as steps
+        self.step_seconds = 0.0  # the latest step's own time, its tracking included (``_tracked``)
+        self._first_round = [0.0, 0.0]  # task_runs auto: its task runs' wall seconds, and the stages' own
         if not self.campaign.has_trainer:  # an explorer alone redoes its newest committed round (idempotent)
             shards = self.campaign.store.usual_shards()
             self.resumed_from = max(0, shard_order(shards[-1])[0] - 1) if shards else None
@@ -148,7 +152,31 @@ class CampaignRun:
             if commit:
                 self.states.write(self.state)
                 self._committed_at = end
+        self.step_seconds = time.perf_counter() - start  # the work and its tracking: what a task run wraps
         return metrics
+
+    def task_run_done(self, name: str, round_no: int, wall: float) -> str | None:
+        """``task_runs: auto``: count step ``name``'s task run (``wall`` seconds, the step's own time
+        and its MLflow and state writes inside). After this attempt's first round, choose for the
+        rounds after it: one task run per stage while Prefect's share of the round, (Σ wall − Σ own)
+        / Σ wall over its stages, is at most ``task_runs_max_share``, else one per round. Returns
+        the choice in one line when made."""
+        if self.task_runs is not None or name not in self.round_stages:
+            return None
+        self._first_round[0] += wall
+        self._first_round[1] += self.step_seconds
+        if name != self.round_stages[-1]:
+            return None
+        wall, own = self._first_round
+        share = (wall - own) / wall if wall > 0 else 0.0
+        self.task_runs = "round" if share > self.cfg.task_runs_max_share else "stage"
+        self.round_steps = ("round",) if self.task_runs == "round" else self.round_stages
+        self.tracker.log_metrics({"orchestration/task_run_share": share}, step=round_no, defer=True)
+        then = ("one task run per round from here on (task_runs: round; task_runs: stage keeps one per stage)"
+                if self.task_runs == "round" else "one task run per stage")
+        return (f"task_runs auto: Prefect's task runs took {share:.0%} of round {round_no} "
+                f"({(wall - own) * 1e3:.0f} ms of {wall * 1e3:.0f} ms; task_runs_max_share "
+                f"{self.cfg.task_runs_max_share:.0%}): {then}")
 
     def steps(self) -> Iterator[tuple[str, int]]:
         """What is left, in order, as (step, round) — ``phases`` flattened."""
@@ -166,7 +194,8 @@ class CampaignRun:
         process to commit the round). ``explore``: wait for the trainer's taskset, then explore,
         verify and buffer each round. ``async``: as ``both``, but the explorer runs ``sync.offset``
         rounds ahead: round t + offset is explored, verified and stored while round t trains. With
-        ``task_runs: round`` a round's stages are one step, ``round``."""
+        ``task_runs: round`` (or auto, once it chose so) a round's stages are one step, ``round``:
+        each round reads ``round_steps`` when it is reached."""
         mode, one = self.cfg.mode, (lambda name, r: [[(name, r)]])
         if mode == "explore":
             if self.fresh:
@@ -319,7 +348,7 @@ class CampaignRun:
             "store_url": self.campaign.store.url, "prefect_flow_run_id": self.flow_run_id or "",
             "run_dir": str(self.run_dir), "validation_report": str(report), "validation_report_mlflow": report_uri,
             "attempts": len(self.state.attempts), "resumed_from_round": self.resumed_from, "mode": self.cfg.mode,
-            "promotion": self.promotion,
+            "promotion": self.promotion, "task_runs": self.task_runs,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if after is not None:
@@ -341,6 +370,20 @@ class CampaignRun:
 
     def wall_seconds(self) -> float:
         return round(time.perf_counter() - self.started, 1)
+
+
+def grouped_by_round(phases: list[list[list[tuple[str, int]]]], stages: tuple[str, ...]) -> list:
+    """``phases`` (single-lane, as ``CampaignRun.phases`` makes them) with each round's run of
+    ``stages`` steps as one ``round`` step, everything else as it was."""
+    grouped: list = []
+    for phase in phases:
+        (name, round_no), = phase[0]
+        if name in stages:
+            if grouped and grouped[-1] == [[("round", round_no)]]:
+                continue
+            name = "round"
+        grouped.append([[(name, round_no)]])
+    return grouped
 
 
 def describe(cfg, flow_run_id: str | None, flow_run_url: str | None) -> str:

@@ -1,6 +1,8 @@
 """The ``rft_campaign`` flow: prepare, (warm start), then rounds of explore → verify → buffer →
 train → sync (``components.campaign.ROUND``), held-out evaluation every k rounds, a checkpoint
-every ``checkpoint.every`` rounds, and the final model registered in MLflow.
+every ``checkpoint.every`` rounds, and the final model registered in MLflow. Each step is a task
+run; with ``task_runs: auto`` the rounds after the first are one task run each when Prefect's
+share of the first round was over ``task_runs_max_share`` (``CampaignRun.task_run_done``).
 
 Durable: a campaign whose run dir holds an unfinished attempt resumes from its newest checkpoint
 (``components.run``), a finished one is left as it is, and a Prefect retry of the flow resumes the
@@ -12,13 +14,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, runtime
+from prefect import flow, get_run_logger, runtime
 from prefect.states import Cancelled, Completed, Failed, State
 
 from components.campaign import StopRequested
@@ -26,7 +29,7 @@ from components.config import ConfigError
 from components.buffer.store import StoreUnavailable
 from components.data.contracts import ContractError
 from components.preflight import Preflight, preflight
-from components.run import CampaignRun, move_aside
+from components.run import CampaignRun, grouped_by_round, move_aside
 from flows.monitor import UIMonitor
 from flows.progress import CampaignProgress
 from tasks.stages import TASKS, bench
@@ -123,6 +126,11 @@ def _run_lanes(run: CampaignRun, phase: list[list[tuple[str, int]]]) -> None:
         end.result()
 
 
+def _round_ends(phases: list) -> dict[int, tuple[str, int]]:
+    """Each round's last step (its evaluation or checkpoint, if due): the UI's table then has them."""
+    return {r: (n, r) for phase in phases for lane in phase for n, r in lane if r and n not in ("register", "promote")}
+
+
 def _stop_if_asked(run: CampaignRun, round_no: int, stage: str) -> None:
     if run.stop_requested:
         resume = (f"the checkpoint of round {run.state.checkpoint_round}" if run.state.checkpoint_round is not None
@@ -185,12 +193,13 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
     try:
         with stop_on_signals(run), CampaignProgress(run.cfg, enabled=show_progress) as progress:
             run.on_warmup_step = progress.warmup
-            first, last = run.round_steps[0], run.round_steps[-1]
+            first = run.round_steps[0]
             phases = list(run.phases())
-            # each round's last step (its evaluation or checkpoint, if due): the UI's table then has them
-            round_ends = {r: (n, r) for phase in phases for lane in phase for n, r in lane
-                          if r and n not in ("register", "promote")}
-            for phase in phases:
+            round_ends = _round_ends(phases)
+            done = 0
+            while done < len(phases):
+                phase = phases[done]
+                done += 1
                 if len(phase) > 1:  # lanes at once (mode async): each a chain of task runs
                     _run_lanes(run, phase)
                     continue
@@ -198,8 +207,15 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
                     if name == first and round_no == run.rounds_left.start:  # the first round of this attempt
                         progress.start_rounds(run.accuracy_before, done=round_no - 1)
                         monitor.start(rounds_done=round_no - 1)
+                    started = time.perf_counter()
                     _step(run, name, round_no)
-                    if name == last:
+                    chosen = run.task_run_done(name, round_no, time.perf_counter() - started)
+                    if chosen:  # task_runs auto decided
+                        get_run_logger().info(chosen)
+                        if run.task_runs == "round":
+                            phases[done:] = grouped_by_round(phases[done:], run.round_stages)
+                            round_ends = _round_ends(phases)
+                    if name in ("round", run.round_stages[-1]):  # the round's last stage is done
                         progress.round_done(round_no, run.last_reward, run.accuracy_last)
                     if round_ends.get(round_no) == (name, round_no):
                         monitor.round_done(round_no)

@@ -1,5 +1,6 @@
 """The campaign's Prefect tasks: one per step of ``CampaignRun.phases`` (prepare, warm_start, the
-stages of ``components.campaign.ROUND`` — or ``round``, all of them, with ``task_runs: round`` —
+stages of ``components.campaign.ROUND`` — or ``round``, all of them, with ``task_runs: round``
+or once ``task_runs: auto`` chose it —
 evaluate, checkpoint, register, promote), each one
 ``CampaignRun.step`` call (timed, logged to MLflow at step = round, recorded in the campaign's
 state). Task runs are named by step and round (``explore[r=3]``) for the Prefect UI; ``TASKS``
@@ -79,7 +80,7 @@ TASKS = {
     "train": _step_task("train", "Update the policy on the round's batch with the configured algorithm "
                                  "(a trainer process first waits for the explorer's round)."),
     "sync": _step_task("sync", "Publish the trainer's weights to the explorer, when due (sync.interval)."),
-    "round": _step_task("round", "A round's stages in order, as one task run (task_runs: round)."),
+    "round": _step_task("round", "A round's stages in order, as one task run (task_runs: round, or auto's choice)."),
     "evaluate": _step_task("evaluate", "Greedy accuracy on the held-out split (round 0: before the rounds)."),
     "checkpoint": _step_task("checkpoint", "Weights, optimizer, RNG, buffer state to the store; all but "
                                            "the optimizer to MLflow."),

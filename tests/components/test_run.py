@@ -9,7 +9,7 @@ import torch
 
 from components.config import ConfigError
 from components.preflight import preflight
-from components.run import CampaignRun, move_aside
+from components.run import CampaignRun, grouped_by_round, move_aside
 
 DURABLE = ["rounds=5", "checkpoint.every=2", "eval.every=2", "trainer.warmup_steps=10", "checkpoint.keep_last=1"]
 
@@ -82,6 +82,34 @@ def test_a_round_as_one_step_computes_the_same_campaign_and_resumes_the_same_way
     client, run_id = resumed.tracker.client, resumed.tracker.run_id
     assert sorted(m.step for m in client.get_metric_history(run_id, "time/train_s")) == [1, 2, 3, 4, 5]
     assert summary["eval_accuracy_after"] == reference.state.evals["5"]
+
+
+@pytest.mark.parametrize("max_share, chosen", [(0.25, "round"), (0.35, "stage")])
+def test_task_runs_auto_chooses_by_prefects_share_of_the_first_round(start, max_share, chosen):
+    """(Σ wall − Σ own) / Σ wall over the first round's stages against task_runs_max_share; the
+    steps of the rounds after it follow the choice."""
+    run = start(f"auto-{max_share}", f"task_runs_max_share={max_share}")
+    assert run.task_runs is None and run.round_steps == ("explore", "verify", "buffer", "train", "sync")
+    for name, round_no in run.steps():
+        run.step(name, round_no)
+        if name in run.round_stages:  # each stage's task run took its own time + 30 ms: Prefect's share 0.3
+            line = run.task_run_done(name, round_no, run.step_seconds / 0.7)
+            assert (line is None) == (name != "sync")
+            if line:
+                assert "30% of round 1" in line, line
+                break
+    assert run.task_runs == chosen
+    later = [s for s in run.steps() if s[1] == 2]
+    assert later[0] == (("round", 2) if chosen == "round" else ("explore", 2))
+    assert run.task_run_done("explore", 2, 1.0) is None  # chosen once
+    assert start("auto-async", "mode=async").task_runs == "stage"  # async overlaps stages: always one per stage
+
+
+def test_grouped_by_round_makes_each_rounds_stages_one_step():
+    phases = [[[s]] for s in [("explore", 2), ("verify", 2), ("sync", 2), ("evaluate", 2), ("explore", 3),
+                              ("sync", 3), ("register", 3)]]
+    grouped = grouped_by_round(phases, ("explore", "verify", "buffer", "train", "sync"))
+    assert [p[0][0] for p in grouped] == [("round", 2), ("evaluate", 2), ("round", 3), ("register", 3)]
 
 
 def test_checkpoints_are_committed_kept_by_retention_and_logged_to_the_run(start):

@@ -13,6 +13,7 @@ from components.data.experience import SCHEMA
 
 pytestmark = pytest.mark.slow  # a whole campaign through Prefect
 
+STAGES = ("explore", "verify", "buffer", "train", "sync")
 E2E = ["name=e2e", "eval.every=1", "pipelines.experiences=[{op: dedupe}, {op: length_filter, max_tokens: 6}]"]
 
 
@@ -44,9 +45,12 @@ def test_every_stage_task_run_completed_with_its_round_in_the_name(finished):
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[summary["prefect_flow_run_id"]])))
     states = {run.name: run.state.type.value for run in runs}
-    for r in (1, 2):
-        for stage in ("explore", "verify", "buffer", "train", "sync", "evaluate"):
-            assert states.get(f"{stage}[r={r}]") == "COMPLETED", (stage, r, states)
+    # task_runs auto (the default): round 1 a task run per stage, round 2 as it chose from round 1
+    assert summary["task_runs"] in ("stage", "round")
+    expected = [f"{stage}[r=1]" for stage in STAGES] + (
+        ["round[r=2]"] if summary["task_runs"] == "round" else [f"{stage}[r=2]" for stage in STAGES])
+    for name in [*expected, "evaluate[r=1]", "evaluate[r=2]"]:
+        assert states.get(name) == "COMPLETED", (name, states)
     assert states.get("evaluate[r=0]") == "COMPLETED"
     assert states.get("register[r=2]") == states.get("promote[r=2]") == "COMPLETED"
 
@@ -216,6 +220,32 @@ def test_a_contract_failure_in_prepare_is_not_retried_and_keeps_its_rows(prefect
     assert report.count("| expert contract |") == 2  # the totals line and its batch, once each
     quarantined = CampaignStore(open_store((tmp_path / "store").as_uri()), "strict-prep").read_kind("quarantine")
     assert quarantined.num_rows > 0 and "within_bounds(prompt_tokens)" in quarantined.column("reason")[0].as_py()
+
+
+def test_task_runs_auto_over_its_share_runs_the_rounds_after_the_first_as_one_task_run_each(prefect_api, tmp_path,
+                                                                                              default_config, small):
+    from mlflow import MlflowClient
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.campaign import rft_campaign
+
+    # a share of 0: any cost of Prefect's is over it
+    summary = rft_campaign(str(default_config), str(tmp_path), overrides=[*small, "name=auto", "rounds=3",
+                                                                           "task_runs_max_share=0"])
+    assert summary["task_runs"] == "round" and summary["rounds"] == 3
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[summary["prefect_flow_run_id"]])))
+    states = {run.name: run.state.type.value for run in runs}
+    for name in [*(f"{stage}[r=1]" for stage in STAGES), "round[r=2]", "round[r=3]", "evaluate[r=3]"]:
+        assert states.get(name) == "COMPLETED", (name, states)
+    assert not [name for name in states if name.split("[")[0] in STAGES and not name.endswith("[r=1]")]
+    client = MlflowClient(summary["mlflow_tracking_uri"])
+    share = client.get_metric_history(summary["mlflow_run_id"], "orchestration/task_run_share")
+    assert [m.step for m in share] == [1] and 0.0 < share[0].value < 1.0
+    for stage in STAGES:  # every stage timed once a round, either way
+        steps = [m.step for m in client.get_metric_history(summary["mlflow_run_id"], f"time/{stage}_s")]
+        assert sorted(steps) == [1, 2, 3], (stage, steps)
 
 
 def test_with_task_runs_round_a_round_is_one_task_run_and_each_stage_is_still_timed(prefect_api, tmp_path,
