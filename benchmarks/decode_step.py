@@ -48,8 +48,9 @@ def main() -> None:
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     model.to(args.device).eval()
     where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"CPU, {args.threads} threads"
-    print(f"{args.model} ({args.dtype}): lean steps {'used' if decode.lean_unsupported(model) is None else 'not possible: ' + decode.lean_unsupported(model)}; "
-          f"{args.rows} rows; {where}")
+    unsupported = decode.lean_unsupported(model)
+    lean = "used" if unsupported is None else f"not possible: {unsupported}"
+    print(f"{args.model} ({args.dtype}): lean steps {lean}; {args.rows} rows; {where}")
     n = args.rows // args.prompts
     prompts = [f"{17 * i % 90 + 3} + {31 * i % 70 + 5} =" for i in range(args.prompts)]
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]

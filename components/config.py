@@ -362,8 +362,9 @@ class CampaignConfig(_Section):
         "auto", description="Prefect task runs of a round: `stage`, one per stage (`explore[r=3]`, `verify[r=3]`, "
         "…: each timed, logged and failed on its own in the Prefect UI); `round`, one per round (`round[r=3]`) "
         "running its stages in order, each still timed and logged to MLflow (`time/<stage>_s`) and named in the "
-        "task run's log line (no task retry for `buffer`: a round is not idempotent); `auto`, one per stage for this attempt's first round, then one per stage while "
-        "Prefect's share of that round's time stays within `task_runs_max_share`, else one per round (mode "
+        "task run's log line (no task retry for `buffer`: a round is not idempotent); `auto`, one per stage for "
+        "this attempt's first round, then one per stage while Prefect's share of that round's time stays within "
+        "`task_runs_max_share`, else one per round (mode "
         "`async`: always one per stage). A task run costs Prefect ~5 ms on 2 cores: nothing next to rounds of "
         "seconds, a third of TRL-sized rounds of ~70 ms.",
     )

@@ -83,7 +83,6 @@ class CampaignRun:
         self.round_stages = {"explore": ROUND[:3], "train": ROUND[3:]}.get(cfg.mode, ROUND)  # this process's
         # "stage" or "round"; None while task_runs auto is still measuring (see ``task_run_done``)
         self.task_runs = {"auto": "stage" if cfg.mode == "async" else None}.get(cfg.task_runs, cfg.task_runs)
-        self.round_steps = ("round",) if self.task_runs == "round" else self.round_stages  # a round, as steps
         self.step_seconds = 0.0  # the latest step's own time, its tracking included (``_tracked``)
         self._first_round = [0.0, 0.0]  # task_runs auto: its task runs' wall seconds, and the stages' own
         if not self.campaign.has_trainer:  # an explorer alone redoes its newest committed round (idempotent)
@@ -102,6 +101,11 @@ class CampaignRun:
     def fresh(self) -> bool:
         """No checkpoint yet: the campaign starts with prepare and the warm start."""
         return self.resumed_from is None
+
+    @property
+    def round_steps(self) -> tuple[str, ...]:
+        """A round, as steps: ``round`` once task runs are one per round, else its stages."""
+        return ("round",) if self.task_runs == "round" else self.round_stages
 
     @property
     def rounds_left(self) -> range:
@@ -170,7 +174,6 @@ class CampaignRun:
         wall, own = self._first_round
         share = (wall - own) / wall if wall > 0 else 0.0
         self.task_runs = "round" if share > self.cfg.task_runs_max_share else "stage"
-        self.round_steps = ("round",) if self.task_runs == "round" else self.round_stages
         self.tracker.log_metrics({"orchestration/task_run_share": share}, step=round_no, defer=True)
         then = ("one task run per round from here on (task_runs: round; task_runs: stage keeps one per stage)"
                 if self.task_runs == "round" else "one task run per stage")
