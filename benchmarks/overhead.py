@@ -131,7 +131,9 @@ def measure(setting: str, args: argparse.Namespace) -> None:
         state = rft_campaign(str(CONFIG), run_dir, overrides, show_progress=False, return_state=True)
         if not state.is_completed():
             raise SystemExit(f"{setting}: the campaign did not finish: {state.message}")
-        task_runs = state.result()["task_runs"]
+        summary = state.result()
+        k = summary["rounds_per_task_run"]
+        task_runs = summary["task_runs"] if summary["task_runs"] == "stage" or k == 1 else f"{k} rounds"
     span = timers.intervals[-1][1] - timers.intervals[0][0]
     covered = sum(end - start for start, end in timers.intervals)
     rows, totals = [], defaultdict(float)

@@ -17,7 +17,7 @@ side runs in its own process with ``--threads`` torch threads; the figures:
   runs, MLflow and state writes included; what the flow does before and after them, start-up and
   the final evaluation, checkpoint and registration, is reported apart; ``flow`` runs the default,
   ``task_runs: auto`` (a Prefect task run per stage for the first round, then per stage or per
-  round by Prefect's share of that round), ``flow_stage`` a task run per stage throughout
+  k rounds by Prefect's share of that round), ``flow_stage`` a task run per stage throughout
   (``task_runs: stage``), ``flow_round`` one per round (``task_runs: round``)); each side runs
   ``--repeats`` times, sides interleaved, and the median is reported with the range (on a shared
   2-core machine one side's runs spread by up to a third);
@@ -290,7 +290,8 @@ def side_flow(cfg, args, *more: str) -> dict:
         return {"seconds": summary["rounds_wall_seconds"], "accuracy": summary["eval_accuracy_after"],
                 "outside_rounds_s": wall - summary["rounds_wall_seconds"], "peak_rss_mb": rss,
                 "response_tokens": mean(m.value for m in lengths) if lengths else float("nan"),
-                "task_runs": summary["task_runs"]}
+                "task_runs": summary["task_runs"] if summary["task_runs"] == "stage" or summary["rounds_per_task_run"] == 1
+                else f"{summary['rounds_per_task_run']} rounds"}
 
 
 def make_warm_start(model_dir: str, args) -> float:

@@ -364,9 +364,10 @@ class CampaignConfig(_Section):
         "running its stages in order, each still timed and logged to MLflow (`time/<stage>_s`) and named in the "
         "task run's log line (no task retry for `buffer`: a round is not idempotent); `auto`, one per stage for "
         "this attempt's first round, then one per stage while Prefect's share of that round's time stays within "
-        "`task_runs_max_share`, else one per round (mode "
-        "`async`: always one per stage). A task run costs Prefect ~5 ms on 2 cores: nothing next to rounds of "
-        "seconds, a third of TRL-sized rounds of ~70 ms.",
+        "`task_runs_max_share`, else one per k rounds (`round[r=2-5]`, a log line per round; k the fewest that "
+        "bring a task run's cost under a quarter of `task_runs_max_share`, at most 5 s of rounds; an evaluation "
+        "or checkpoint ends one) (mode `async`: always one per stage). A task run costs Prefect ~5 ms on 2 "
+        "cores: nothing next to rounds of seconds, a third of TRL-sized rounds of ~70 ms.",
     )
     task_runs_max_share: float = Field(
         0.05, ge=0.0, le=1.0, description="`task_runs: auto`: the largest share of the first round's time "

@@ -83,6 +83,7 @@ class CampaignRun:
         self.round_stages = {"explore": ROUND[:3], "train": ROUND[3:]}.get(cfg.mode, ROUND)  # this process's
         # "stage" or "round"; None while task_runs auto is still measuring (see ``task_run_done``)
         self.task_runs = {"auto": "stage" if cfg.mode == "async" else None}.get(cfg.task_runs, cfg.task_runs)
+        self.rounds_per_task_run = 1  # task_runs round: how many rounds a task run spans (auto may choose more)
         self.step_seconds = 0.0  # the latest step's own time, its tracking included (``_tracked``)
         self._first_round = [0.0, 0.0]  # task_runs auto: its task runs' wall seconds, and the stages' own
         if not self.campaign.has_trainer:  # an explorer alone redoes its newest committed round (idempotent)
@@ -163,8 +164,13 @@ class CampaignRun:
         """``task_runs: auto``: count step ``name``'s task run (``wall`` seconds, the step's own time
         and its MLflow and state writes inside). After this attempt's first round, choose for the
         rounds after it: one task run per stage while Prefect's share of the round, (Σ wall − Σ own)
-        / Σ wall over its stages, is at most ``task_runs_max_share``, else one per round. Returns
-        the choice in one line when made."""
+        / Σ wall over its stages, is at most ``task_runs_max_share`` (s), else one task run per k
+        rounds: the fewest for which one task run's cost c (the round's Prefect time / its stages)
+        is at most s/4 of theirs, c / (c + k · own) ≤ s/4, and at most ``COMMIT_SECONDS`` of rounds
+        (the UI's cadence). A quarter: the first round takes about twice a later round's time
+        (warm-up; 120 against 70 ms at TRL's size) and a task run slows the work after it about as
+        much again (cold caches, Prefect's threads: explore 17.5 → 21 ms). Returns the choice in
+        one line when made."""
         if self.task_runs is not None or name not in self.round_stages:
             return None
         self._first_round[0] += wall
@@ -173,13 +179,23 @@ class CampaignRun:
             return None
         wall, own = self._first_round
         share = (wall - own) / wall if wall > 0 else 0.0
-        self.task_runs = "round" if share > self.cfg.task_runs_max_share else "stage"
-        self.tracker.log_metrics({"orchestration/task_run_share": share}, step=round_no, defer=True)
-        then = ("one task run per round from here on (task_runs: round; task_runs: stage keeps one per stage)"
-                if self.task_runs == "round" else "one task run per stage")
+        max_share = self.cfg.task_runs_max_share
+        self.task_runs = "round" if share > max_share else "stage"
+        if self.task_runs == "round":
+            cost, target = (wall - own) / len(self.round_stages), max_share / 4
+            fit = max(1, int(COMMIT_SECONDS / own)) if own > 0 else 1
+            needed = math.ceil(cost * (1 - target) / (target * own)) if target > 0 and own > 0 else fit
+            self.rounds_per_task_run = max(1, min(fit, needed))
+        self.tracker.log_metrics({"orchestration/task_run_share": share,
+                                  "orchestration/rounds_per_task_run": self.rounds_per_task_run},
+                                 step=round_no, defer=True)
+        k = self.rounds_per_task_run
+        then = (f"one task run per {k} rounds from here on (task_runs: round keeps one per round, stage one per "
+                "stage)" if k > 1 else "one task run per round from here on (task_runs: stage keeps one per stage)"
+                ) if self.task_runs == "round" else "one task run per stage"
         return (f"task_runs auto: Prefect's task runs took {share:.0%} of round {round_no} "
                 f"({(wall - own) * 1e3:.0f} ms of {wall * 1e3:.0f} ms; task_runs_max_share "
-                f"{self.cfg.task_runs_max_share:.0%}): {then}")
+                f"{max_share:.0%}): {then}")
 
     def steps(self) -> Iterator[tuple[str, int]]:
         """What is left, in order, as (step, round) — ``phases`` flattened."""
@@ -198,7 +214,8 @@ class CampaignRun:
         verify and buffer each round. ``async``: as ``both``, but the explorer runs ``sync.offset``
         rounds ahead: round t + offset is explored, verified and stored while round t trains. With
         ``task_runs: round`` (or auto, once it chose so) a round's stages are one step, ``round``:
-        each round reads ``round_steps`` when it is reached."""
+        each round reads ``round_steps`` when it is reached (the flow groups rounds for its task
+        runs with ``grouped_by_round``)."""
         mode, one = self.cfg.mode, (lambda name, r: [[(name, r)]])
         if mode == "explore":
             if self.fresh:
@@ -351,7 +368,7 @@ class CampaignRun:
             "store_url": self.campaign.store.url, "prefect_flow_run_id": self.flow_run_id or "",
             "run_dir": str(self.run_dir), "validation_report": str(report), "validation_report_mlflow": report_uri,
             "attempts": len(self.state.attempts), "resumed_from_round": self.resumed_from, "mode": self.cfg.mode,
-            "promotion": self.promotion, "task_runs": self.task_runs,
+            "promotion": self.promotion, "task_runs": self.task_runs, "rounds_per_task_run": self.rounds_per_task_run,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if after is not None:
@@ -375,14 +392,20 @@ class CampaignRun:
         return round(time.perf_counter() - self.started, 1)
 
 
-def grouped_by_round(phases: list[list[list[tuple[str, int]]]], stages: tuple[str, ...]) -> list:
+def grouped_by_round(phases: list[list[list[tuple[str, int]]]], stages: tuple[str, ...], per_task_run: int = 1) -> list:
     """``phases`` (single-lane, as ``CampaignRun.phases`` makes them) with each round's run of
-    ``stages`` steps as one ``round`` step, everything else as it was."""
+    ``stages`` steps as one ``round`` step, and up to ``per_task_run`` consecutive rounds (none
+    with a step between them: an evaluation or a checkpoint ends a group) as one lane, one task
+    run; everything else as it was."""
     grouped: list = []
     for phase in phases:
         (name, round_no), = phase[0]
-        if name in stages:
-            if grouped and grouped[-1] == [[("round", round_no)]]:
+        if name in stages or name == "round":
+            lane = grouped[-1][0] if grouped else []
+            if lane and lane[-1] == ("round", round_no):
+                continue
+            if lane and lane[-1] == ("round", round_no - 1) and len(lane) < per_task_run:
+                lane.append(("round", round_no))
                 continue
             name = "round"
         grouped.append([[(name, round_no)]])

@@ -1,8 +1,9 @@
 """The ``rft_campaign`` flow: prepare, (warm start), then rounds of explore → verify → buffer →
 train → sync (``components.campaign.ROUND``), held-out evaluation every k rounds, a checkpoint
 every ``checkpoint.every`` rounds, and the final model registered in MLflow. Each step is a task
-run; with ``task_runs: auto`` the rounds after the first are one task run each when Prefect's
-share of the first round was over ``task_runs_max_share`` (``CampaignRun.task_run_done``).
+run; with ``task_runs: auto`` the rounds after the first are one task run per k rounds when
+Prefect's share of the first round was over ``task_runs_max_share`` (``CampaignRun.task_run_done``
+chooses k, ``grouped_by_round`` groups them).
 
 Durable: a campaign whose run dir holds an unfinished attempt resumes from its newest checkpoint
 (``components.run``), a finished one is left as it is, and a Prefect retry of the flow resumes the
@@ -103,14 +104,27 @@ def stop_on_signals(run: CampaignRun) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _step(run: CampaignRun, name: str, round_no: int) -> dict:
-    """Step ``name`` of round ``round_no`` as its task run; its result, or it raises what failed it.
-    Called for its result: ``return_state=True`` and then ``State.result()`` reads the result back
-    through Prefect's result machinery, ~4 ms more per task run (five a round)."""
-    result = TASKS[name](run, round_no)
+def _step(run: CampaignRun, name: str, round_no: int, last: int) -> dict:
+    """Step ``name`` of round ``round_no`` (``round``: rounds ``round_no`` to ``last``) as its task
+    run; its result, or it raises what failed it. Called for its result: ``return_state=True`` and
+    then ``State.result()`` reads the result back through Prefect's result machinery, ~4 ms more
+    per task run."""
+    result = TASKS[name](run, round_no, last) if name == "round" else TASKS[name](run, round_no)
     if isinstance(result, State):  # the step returned Failed with its one line: raise its exception
         result.result()
     return result
+
+
+def _task_runs_of(lane: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    """A lane's steps as task runs, (step, round, last round): consecutive ``round`` steps (rounds
+    grouped by ``grouped_by_round``) are one task run."""
+    runs: list[tuple[str, int, int]] = []
+    for name, round_no in lane:
+        if name == "round" and runs and runs[-1][0] == "round" and runs[-1][2] == round_no - 1:
+            runs[-1] = ("round", runs[-1][1], round_no)
+        else:
+            runs.append((name, round_no, round_no))
+    return runs
 
 
 def _run_lanes(run: CampaignRun, phase: list[list[tuple[str, int]]]) -> None:
@@ -203,23 +217,26 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
                 if len(phase) > 1:  # lanes at once (mode async): each a chain of task runs
                     _run_lanes(run, phase)
                     continue
-                for name, round_no in phase[0]:
+                for name, round_no, last in _task_runs_of(phase[0]):
                     if name == first and round_no == run.rounds_left.start:  # the first round of this attempt
                         progress.start_rounds(run.accuracy_before, done=round_no - 1)
                         monitor.start(rounds_done=round_no - 1)
                     started = time.perf_counter()
-                    _step(run, name, round_no)
+                    _step(run, name, round_no, last)
                     chosen = run.task_run_done(name, round_no, time.perf_counter() - started)
                     if chosen:  # task_runs auto decided
                         get_run_logger().info(chosen)
                         if run.task_runs == "round":
-                            phases[done:] = grouped_by_round(phases[done:], run.round_stages)
+                            phases[done:] = grouped_by_round(phases[done:], run.round_stages, run.rounds_per_task_run)
                             round_ends = _round_ends(phases)
-                    if name in ("round", run.round_stages[-1]):  # the round's last stage is done
-                        progress.round_done(round_no, run.last_reward, run.accuracy_last)
-                    if round_ends.get(round_no) == (name, round_no):
-                        monitor.round_done(round_no)
-                    _stop_if_asked(run, round_no, name)
+                    if name == "round":  # a task run of rounds stops early when asked to
+                        last = min(last, run.state.rounds_done)
+                    for r in range(round_no, last + 1):
+                        if name in ("round", run.round_stages[-1]):  # the round's last stage is done
+                            progress.round_done(r, run.last_reward, run.accuracy_last)
+                        if round_ends.get(r) == (name, r):
+                            monitor.round_done(r)
+                    _stop_if_asked(run, last, name)
         summary = run.finish()
         monitor.summary(summary)
     except StopRequested as e:  # while waiting for the other process

@@ -1,6 +1,6 @@
 """The campaign's Prefect tasks: one per step of ``CampaignRun.phases`` (prepare, warm_start, the
-stages of ``components.campaign.ROUND`` — or ``round``, all of them, with ``task_runs: round``
-or once ``task_runs: auto`` chose it —
+stages of ``components.campaign.ROUND`` — or ``round``, all of them, with ``task_runs: round``,
+and for several rounds at once once ``task_runs: auto`` chose so (``round[r=2-5]``) —
 evaluate, checkpoint, register, promote), each one
 ``CampaignRun.step`` call (timed, logged to MLflow at step = round, recorded in the campaign's
 state). Task runs are named by step and round (``explore[r=3]``) for the Prefect UI; ``TASKS``
@@ -13,7 +13,7 @@ contract failed; the store itself rides out outages (``storage.outage_seconds``)
 
 from __future__ import annotations
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
@@ -80,7 +80,6 @@ TASKS = {
     "train": _step_task("train", "Update the policy on the round's batch with the configured algorithm "
                                  "(a trainer process first waits for the explorer's round)."),
     "sync": _step_task("sync", "Publish the trainer's weights to the explorer, when due (sync.interval)."),
-    "round": _step_task("round", "A round's stages in order, as one task run (task_runs: round, or auto's choice)."),
     "evaluate": _step_task("evaluate", "Greedy accuracy on the held-out split (round 0: before the rounds)."),
     "checkpoint": _step_task("checkpoint", "Weights, optimizer, RNG, buffer state to the store; all but "
                                            "the optimizer to MLflow."),
@@ -88,6 +87,34 @@ TASKS = {
                            **IDEMPOTENT),
     "promote": _step_task("promote", "The registered version against @champion: the alias moves on a clear win."),
 }
+
+
+def _rounds_name() -> str:
+    """``round[r=3]``, or ``round[r=3-7]`` for a task run of several rounds."""
+    parameters = runtime.task_run.parameters
+    first, last = parameters["round_no"], parameters.get("last") or parameters["round_no"]
+    return f"round[r={first}]" if last == first else f"round[r={first}-{last}]"
+
+
+@task(name="round", task_run_name=_rounds_name, cache_policy=NO_CACHE)
+def round_task(run: CampaignRun, round_no: int, last: int | None = None) -> dict | State:
+    """Rounds ``round_no`` to ``last`` (default: ``round_no`` alone), each its stages in order, as
+    one task run (task_runs: round, or auto's choice); a line of metrics per round. Stops after a
+    round when the campaign is asked to stop; returns the last round's metrics."""
+    logger, result = get_run_logger(), {}
+    last = last or round_no
+    for r in range(round_no, last + 1):
+        try:
+            result = run.step("round", r)
+        except ONE_LINE as e:
+            return Failed(message=str(e), data=e)
+        logger.info(outcome_line(result) if last == round_no else f"round {r}: {outcome_line(result)}")
+        if run.stop_requested:
+            break
+    return result
+
+
+TASKS["round"] = round_task
 
 
 @task(name="bench", cache_policy=NO_CACHE)

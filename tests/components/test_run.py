@@ -99,17 +99,33 @@ def test_task_runs_auto_chooses_by_prefects_share_of_the_first_round(start, max_
                 assert "30% of round 1" in line, line
                 break
     assert run.task_runs == chosen
+    if chosen == "round":  # the fewest rounds a task run for which its cost c is within max_share / 4
+        k, (wall, own) = run.rounds_per_task_run, run._first_round
+        c = (wall - own) / 5
+
+        def share(rounds):
+            return c / (c + rounds * own)
+
+        assert k > 1 and share(k) <= max_share / 4 < share(k - 1), (k, wall, own)
+    else:
+        assert run.rounds_per_task_run == 1
     later = [s for s in run.steps() if s[1] == 2]
     assert later[0] == (("round", 2) if chosen == "round" else ("explore", 2))
     assert run.task_run_done("explore", 2, 1.0) is None  # chosen once
     assert start("auto-async", "mode=async").task_runs == "stage"  # async overlaps stages: always one per stage
 
 
-def test_grouped_by_round_makes_each_rounds_stages_one_step():
-    phases = [[[s]] for s in [("explore", 2), ("verify", 2), ("sync", 2), ("evaluate", 2), ("explore", 3),
-                              ("sync", 3), ("register", 3)]]
-    grouped = grouped_by_round(phases, ("explore", "verify", "buffer", "train", "sync"))
-    assert [p[0][0] for p in grouped] == [("round", 2), ("evaluate", 2), ("round", 3), ("register", 3)]
+def test_grouped_by_round_makes_each_rounds_stages_one_step_and_groups_rounds_up_to_an_evaluation():
+    stages = ("explore", "verify", "buffer", "train", "sync")
+    phases = [[[(s, r)]] for r in (2, 3, 4, 5) for s in stages] + [[[("evaluate", 5)]]]
+    phases += [[[(s, r)]] for r in (6, 7) for s in stages] + [[[("register", 7)]]]
+    assert [p[0] for p in grouped_by_round(phases, stages)] == [
+        *([("round", r)] for r in (2, 3, 4, 5)), [("evaluate", 5)], [("round", 6)], [("round", 7)], [("register", 7)]]
+    # three rounds a task run: 2-4, then 5 alone (an evaluation follows it), 6-7
+    assert [p[0] for p in grouped_by_round(phases, stages, per_task_run=3)] == [
+        [("round", 2), ("round", 3), ("round", 4)], [("round", 5)], [("evaluate", 5)],
+        [("round", 6), ("round", 7)], [("register", 7)]]
+    assert all(len(p) == 1 for p in grouped_by_round(phases, stages, per_task_run=3))  # one lane each
 
 
 def test_checkpoints_are_committed_kept_by_retention_and_logged_to_the_run(start):
