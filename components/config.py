@@ -369,6 +369,11 @@ class CampaignConfig(_Section):
         "or checkpoint ends one) (mode `async`: always one per stage). A task run costs Prefect ~5 ms on 2 "
         "cores: nothing next to rounds of seconds, a third of TRL-sized rounds of ~70 ms.",
     )
+    rounds_per_task_run: int | None = Field(
+        None, ge=1, description="Rounds one task run spans when task runs are per round (`task_runs: round`, or "
+        "`auto`'s choice); consecutive rounds only (an evaluation or checkpoint ends one early). null: 1 for "
+        "`round`, for `auto` chosen from the measured share.",
+    )
     task_runs_max_share: float = Field(
         0.05, ge=0.0, le=1.0, description="`task_runs: auto`: the largest share of the first round's time "
         "(wall time of its task runs) that Prefect's task runs may take and keep one per stage.",
@@ -420,6 +425,9 @@ class CampaignConfig(_Section):
         if self.task_runs == "round" and self.mode == "async":
             raise ValueError("task_runs 'round' runs a round's stages in turn; mode 'async' overlaps the explorer "
                              "and the trainer: use task_runs 'stage' with it")
+        if self.rounds_per_task_run is not None and (self.task_runs == "stage" or self.mode == "async"):
+            raise ValueError("rounds_per_task_run groups rounds into task runs: it needs task_runs 'round' or 'auto' "
+                             "(not 'stage', nor mode 'async', which runs a task run per stage)")
         if self.mode == "bench" and not self.bench.models:
             raise ValueError("mode 'bench' needs bench.models (checkpoint:N, model dirs or models:/name/version)")
         bound = self.algorithm.max_staleness

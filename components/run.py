@@ -83,7 +83,8 @@ class CampaignRun:
         self.round_stages = {"explore": ROUND[:3], "train": ROUND[3:]}.get(cfg.mode, ROUND)  # this process's
         # "stage" or "round"; None while task_runs auto is still measuring (see ``task_run_done``)
         self.task_runs = {"auto": "stage" if cfg.mode == "async" else None}.get(cfg.task_runs, cfg.task_runs)
-        self.rounds_per_task_run = 1  # task_runs round: how many rounds a task run spans (auto may choose more)
+        # how many rounds a task run spans once they are per round (the config's, else 1; auto may choose more)
+        self.rounds_per_task_run = cfg.rounds_per_task_run or 1
         self.step_seconds = 0.0  # the latest step's own time, its tracking included (``_tracked``)
         self._first_round = [0.0, 0.0]  # task_runs auto: its task runs' wall seconds, and the stages' own
         if not self.campaign.has_trainer:  # an explorer alone redoes its newest committed round (idempotent)
@@ -165,9 +166,9 @@ class CampaignRun:
         and its MLflow and state writes inside). After this attempt's first round, choose for the
         rounds after it: one task run per stage while Prefect's share of the round, (Σ wall − Σ own)
         / Σ wall over its stages, is at most ``task_runs_max_share`` (s), else one task run per k
-        rounds: the fewest for which one task run's cost c (the round's Prefect time / its stages)
-        is at most s/4 of theirs, c / (c + k · own) ≤ s/4, and at most ``COMMIT_SECONDS`` of rounds
-        (the UI's cadence). A quarter: the first round takes about twice a later round's time
+        rounds (``rounds_per_task_run`` when set): the fewest for which one task run's cost c (the
+        round's Prefect time / its stages) is at most s/4 of theirs, c / (c + k · own) ≤ s/4, and at
+        most ``COMMIT_SECONDS`` of rounds (the UI's cadence). A quarter: the first round takes about twice a later round's time
         (warm-up; 120 against 70 ms at TRL's size) and a task run slows the work after it about as
         much again (cold caches, Prefect's threads: explore 17.5 → 21 ms). Returns the choice in
         one line when made."""
@@ -181,7 +182,7 @@ class CampaignRun:
         share = (wall - own) / wall if wall > 0 else 0.0
         max_share = self.cfg.task_runs_max_share
         self.task_runs = "round" if share > max_share else "stage"
-        if self.task_runs == "round":
+        if self.task_runs == "round" and self.cfg.rounds_per_task_run is None:
             cost, target = (wall - own) / len(self.round_stages), max_share / 4
             fit = max(1, int(COMMIT_SECONDS / own)) if own > 0 else 1
             needed = math.ceil(cost * (1 - target) / (target * own)) if target > 0 and own > 0 else fit

@@ -149,7 +149,8 @@ def _stop_if_asked(run: CampaignRun, round_no: int, stage: str) -> None:
     if run.stop_requested:
         resume = (f"the checkpoint of round {run.state.checkpoint_round}" if run.state.checkpoint_round is not None
                   else "the start")
-        raise Interrupted(f"campaign {run.cfg.name} stopped ({run.stop_requested}) after round {round_no} {stage}; "
+        after = f"round {round_no}" if stage == "round" else f"round {round_no} {stage}"
+        raise Interrupted(f"campaign {run.cfg.name} stopped ({run.stop_requested}) after {after}; "
                           f"run the same command to resume from {resume}")
 
 
@@ -209,6 +210,8 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
             run.on_warmup_step = progress.warmup
             first = run.round_steps[0]
             phases = list(run.phases())
+            if run.task_runs == "round":  # several rounds a task run when rounds_per_task_run says so
+                phases = grouped_by_round(phases, run.round_stages, run.rounds_per_task_run)
             round_ends = _round_ends(phases)
             done = 0
             while done < len(phases):

@@ -84,7 +84,7 @@ def test_a_round_as_one_step_computes_the_same_campaign_and_resumes_the_same_way
     assert summary["eval_accuracy_after"] == reference.state.evals["5"]
 
 
-@pytest.mark.parametrize("max_share, chosen", [(0.25, "round"), (0.35, "stage")])
+@pytest.mark.parametrize("max_share, chosen", [(0.25, "round"), (0.35, "stage"), (0.0, "round")])
 def test_task_runs_auto_chooses_by_prefects_share_of_the_first_round(start, max_share, chosen):
     """(Σ wall − Σ own) / Σ wall over the first round's stages against task_runs_max_share; the
     steps of the rounds after it follow the choice."""
@@ -99,20 +99,33 @@ def test_task_runs_auto_chooses_by_prefects_share_of_the_first_round(start, max_
                 assert "30% of round 1" in line, line
                 break
     assert run.task_runs == chosen
-    if chosen == "round":  # the fewest rounds a task run for which its cost c is within max_share / 4
-        k, (wall, own) = run.rounds_per_task_run, run._first_round
-        c = (wall - own) / 5
+    k, (wall, own) = run.rounds_per_task_run, run._first_round
+    if chosen == "round":
+        c, fit = (wall - own) / len(run.round_stages), max(1, int(5.0 / own))  # at most 5 s of rounds a task run
 
         def share(rounds):
             return c / (c + rounds * own)
 
-        assert k > 1 and share(k) <= max_share / 4 < share(k - 1), (k, wall, own)
+        if max_share and k < fit:  # the fewest rounds for which a task run's cost is within max_share / 4
+            assert share(k) <= max_share / 4 and (k == 1 or share(k - 1) > max_share / 4), (k, wall, own)
+        else:  # no share small enough (max_share 0), or capped
+            assert k == fit, (k, fit, wall, own)
+        assert (f"one task run per {k} rounds" if k > 1 else "one task run per round") in line, line
     else:
-        assert run.rounds_per_task_run == 1
+        assert k == 1
     later = [s for s in run.steps() if s[1] == 2]
     assert later[0] == (("round", 2) if chosen == "round" else ("explore", 2))
     assert run.task_run_done("explore", 2, 1.0) is None  # chosen once
     assert start("auto-async", "mode=async").task_runs == "stage"  # async overlaps stages: always one per stage
+
+
+def test_rounds_per_task_run_set_is_what_auto_takes_when_it_groups(start):
+    run = start("auto-fixed", "task_runs_max_share=0", "rounds_per_task_run=3")
+    for name, round_no in run.steps():
+        run.step(name, round_no)
+        if name in run.round_stages and run.task_run_done(name, round_no, run.step_seconds + 1.0):
+            break
+    assert run.task_runs == "round" and run.rounds_per_task_run == 3
 
 
 def test_grouped_by_round_makes_each_rounds_stages_one_step_and_groups_rounds_up_to_an_evaluation():

@@ -237,9 +237,9 @@ def test_task_runs_auto_over_its_share_runs_the_rounds_after_the_first_several_t
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[summary["prefect_flow_run_id"]])))
     states = {run.name: run.state.type.value for run in runs}
-    # a share of 0 asks for as many rounds a task run as fit in 5 s: rounds 2 and 3 (round 3 is evaluated)
-    k = summary["rounds_per_task_run"]
-    rounds = ["round[r=2-3]"] if k >= 2 else ["round[r=2]", "round[r=3]"]
+    # a share of 0 asks for as many rounds a task run as fit in 5 s (by round 1's time): rounds 2-3 unless
+    # round 1 took more than 2.5 s; round 3 is evaluated
+    rounds = ["round[r=2-3]"] if summary["rounds_per_task_run"] >= 2 else ["round[r=2]", "round[r=3]"]
     for name in [*(f"{stage}[r=1]" for stage in STAGES), *rounds, "evaluate[r=3]"]:
         assert states.get(name) == "COMPLETED", (name, states)
     assert not [name for name in states if name.split("[")[0] in STAGES and not name.endswith("[r=1]")]
@@ -248,7 +248,7 @@ def test_task_runs_auto_over_its_share_runs_the_rounds_after_the_first_several_t
     share = client.get_metric_history(summary["mlflow_run_id"], "orchestration/task_run_share")
     assert [m.step for m in share] == [1] and 0.0 < share[0].value < 1.0
     per_task_run = client.get_metric_history(summary["mlflow_run_id"], "orchestration/rounds_per_task_run")
-    assert [(m.step, m.value) for m in per_task_run] == [(1, k)]
+    assert [(m.step, m.value) for m in per_task_run] == [(1, summary["rounds_per_task_run"])]
     for stage in STAGES:  # every stage timed once a round, either way
         steps = [m.step for m in client.get_metric_history(summary["mlflow_run_id"], f"time/{stage}_s")]
         assert sorted(steps) == [1, 2, 3], (stage, steps)
@@ -260,7 +260,8 @@ def test_a_signal_stops_a_task_run_of_rounds_after_its_current_round(prefect_api
     import signal
 
     from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
+    from prefect.logging.handlers import APILogWorker
 
     from components.buffer.state import StateStore
     from components.buffer.store import open_store
@@ -269,23 +270,30 @@ def test_a_signal_stops_a_task_run_of_rounds_after_its_current_round(prefect_api
 
     train = Campaign.train
 
-    def train_then_signal(self, round_no):  # SIGTERM, as `kill` sends it, while round 3 trains
+    def train_then_signal(self, round_no):  # SIGTERM, as `kill` sends it, while round 2 trains
         metrics = train(self, round_no)
-        if round_no == 3:
+        if round_no == 2:
             os.kill(os.getpid(), signal.SIGTERM)
         return metrics
 
     monkeypatch.setattr(Campaign, "train", train_then_signal)
     state = rft_campaign(str(default_config), str(tmp_path), overrides=[*small, "name=stopped", "rounds=6",
-                                                                         "eval.every=6", "task_runs_max_share=0"],
+                                                                         "eval.every=6", "task_runs=round",
+                                                                         "rounds_per_task_run=4"],
                          return_state=True)
-    assert state.is_cancelled() and "stopped (SIGTERM) after round 3 round" in state.message, state.message
+    assert state.is_cancelled() and "stopped (SIGTERM) after round 2;" in state.message, state.message
     campaign_state = StateStore(open_store(f"file://{tmp_path}/store"), "stopped").read()
-    assert campaign_state.rounds_done == 3 and campaign_state.status == "interrupted"
-    with get_client(sync_client=True) as client:  # the task run was for more rounds than it ran
+    assert campaign_state.rounds_done == 2 and campaign_state.status == "interrupted"
+    with get_client(sync_client=True) as client:  # the task run was for rounds 1-4 and ran 1-2
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
-    spans = [run.name for run in runs if run.name.startswith("round[r=2-")]
-    assert len(spans) == 1 and int(spans[0][len("round[r=2-"):-1]) > 3, [run.name for run in runs]
+    assert [run.name for run in runs if run.name.startswith("round[")] == ["round[r=1-4]"], [run.name for run in runs]
+    logs = {}  # its log: a line per round it ran
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        for log in client.read_logs(LogFilter(task_run_id=LogFilterTaskRunId(any_=[r.id for r in runs
+                                                                                      if r.name == "round[r=1-4]"]))):
+            logs[log.message.split(":")[0]] = log.message
+    assert [k for k in logs if k.startswith("round ")] == ["round 1", "round 2"], logs
 
 
 def test_with_task_runs_round_a_round_is_one_task_run_and_each_stage_is_still_timed(prefect_api, tmp_path,
