@@ -39,7 +39,7 @@ import flows  # noqa: E402,F401  (quiet service defaults)
 from components import campaign as campaign_module
 from components.campaign import ROUND, Campaign
 from components.explore.engines import HFRolloutEngine
-from components.run import CampaignRun
+from components.run import CampaignRun, task_run_span
 from components.train.trainer import Trainer
 from vs_trl import LR as TRL_LR, WORK as TRL_WORK  # benchmarks/ is on sys.path when a script in it runs
 
@@ -132,8 +132,7 @@ def measure(setting: str, args: argparse.Namespace) -> None:
         if not state.is_completed():
             raise SystemExit(f"{setting}: the campaign did not finish: {state.message}")
         summary = state.result()
-        k = summary["rounds_per_task_run"]
-        task_runs = summary["task_runs"] if summary["task_runs"] == "stage" or k == 1 else f"{k} rounds"
+        task_runs = task_run_span(summary["task_runs"], summary["rounds_per_task_run"])
     span = timers.intervals[-1][1] - timers.intervals[0][0]
     covered = sum(end - start for start, end in timers.intervals)
     rows, totals = [], defaultdict(float)

@@ -285,13 +285,14 @@ def side_flow(cfg, args, *more: str) -> dict:
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         from mlflow import MlflowClient
 
+        from components.run import task_run_span
+
         lengths = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history(summary["mlflow_run_id"],
                                                                                   "explore/response_len")
         return {"seconds": summary["rounds_wall_seconds"], "accuracy": summary["eval_accuracy_after"],
                 "outside_rounds_s": wall - summary["rounds_wall_seconds"], "peak_rss_mb": rss,
                 "response_tokens": mean(m.value for m in lengths) if lengths else float("nan"),
-                "task_runs": summary["task_runs"] if summary["task_runs"] == "stage" or summary["rounds_per_task_run"] == 1
-                else f"{summary['rounds_per_task_run']} rounds"}
+                "task_runs": task_run_span(summary["task_runs"], summary["rounds_per_task_run"])}
 
 
 def make_warm_start(model_dir: str, args) -> float:

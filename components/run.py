@@ -168,10 +168,10 @@ class CampaignRun:
         / Σ wall over its stages, is at most ``task_runs_max_share`` (s), else one task run per k
         rounds (``rounds_per_task_run`` when set): the fewest for which one task run's cost c (the
         round's Prefect time / its stages) is at most s/4 of theirs, c / (c + k · own) ≤ s/4, and at
-        most ``COMMIT_SECONDS`` of rounds (the UI's cadence). A quarter: the first round takes about twice a later round's time
-        (warm-up; 120 against 70 ms at TRL's size) and a task run slows the work after it about as
-        much again (cold caches, Prefect's threads: explore 17.5 → 21 ms). Returns the choice in
-        one line when made."""
+        most ``COMMIT_SECONDS`` of rounds (the UI's cadence). A quarter: the first round takes about
+        twice a later round's time (warm-up; 120 against 70 ms at TRL's size) and a task run slows
+        the work after it about as much again (cold caches, Prefect's threads: explore 17.5 → 21
+        ms). Returns the choice in one line when made."""
         if self.task_runs is not None or name not in self.round_stages:
             return None
         self._first_round[0] += wall
@@ -190,10 +190,9 @@ class CampaignRun:
         self.tracker.log_metrics({"orchestration/task_run_share": share,
                                   "orchestration/rounds_per_task_run": self.rounds_per_task_run},
                                  step=round_no, defer=True)
-        k = self.rounds_per_task_run
-        then = (f"one task run per {k} rounds from here on (task_runs: round keeps one per round, stage one per "
-                "stage)" if k > 1 else "one task run per round from here on (task_runs: stage keeps one per stage)"
-                ) if self.task_runs == "round" else "one task run per stage"
+        then = f"one task run per {task_run_span(self.task_runs, self.rounds_per_task_run)}"
+        if self.task_runs == "round":
+            then += " from here on (task_runs: stage keeps one per stage)"
         return (f"task_runs auto: Prefect's task runs took {share:.0%} of round {round_no} "
                 f"({(wall - own) * 1e3:.0f} ms of {wall * 1e3:.0f} ms; task_runs_max_share "
                 f"{max_share:.0%}): {then}")
@@ -391,6 +390,14 @@ class CampaignRun:
 
     def wall_seconds(self) -> float:
         return round(time.perf_counter() - self.started, 1)
+
+
+def task_run_span(task_runs: str | None, rounds_per_task_run: int) -> str:
+    """What one task run of a round covers, in words: ``stage``, ``round`` or ``3 rounds`` (from
+    a ``CampaignRun`` or its summary's ``task_runs`` and ``rounds_per_task_run``)."""
+    if task_runs != "round":
+        return "stage"
+    return "round" if rounds_per_task_run == 1 else f"{rounds_per_task_run} rounds"
 
 
 def grouped_by_round(phases: list[list[list[tuple[str, int]]]], stages: tuple[str, ...], per_task_run: int = 1) -> list:

@@ -116,15 +116,11 @@ def _step(run: CampaignRun, name: str, round_no: int, last: int) -> dict:
 
 
 def _task_runs_of(lane: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
-    """A lane's steps as task runs, (step, round, last round): consecutive ``round`` steps (rounds
-    grouped by ``grouped_by_round``) are one task run."""
-    runs: list[tuple[str, int, int]] = []
-    for name, round_no in lane:
-        if name == "round" and runs and runs[-1][0] == "round" and runs[-1][2] == round_no - 1:
-            runs[-1] = ("round", runs[-1][1], round_no)
-        else:
-            runs.append((name, round_no, round_no))
-    return runs
+    """A lane's steps as task runs, (step, round, last round): a lane of rounds (``grouped_by_round``
+    makes one of consecutive rounds) is one task run, any other step its own."""
+    if lane[0][0] == "round":
+        return [("round", lane[0][1], lane[-1][1])]
+    return [(name, round_no, round_no) for name, round_no in lane]
 
 
 def _run_lanes(run: CampaignRun, phase: list[list[tuple[str, int]]]) -> None:
@@ -138,6 +134,12 @@ def _run_lanes(run: CampaignRun, phase: list[list[tuple[str, int]]]) -> None:
         ends.append(previous)
     for end in ends:
         end.result()
+
+
+def _cut(run: CampaignRun, phases: list) -> list:
+    """``phases`` as task runs will run them: with task runs per round, ``run.rounds_per_task_run``
+    consecutive rounds a task run (``grouped_by_round``); else as they are."""
+    return grouped_by_round(phases, run.round_stages, run.rounds_per_task_run) if run.task_runs == "round" else phases
 
 
 def _round_ends(phases: list) -> dict[int, tuple[str, int]]:
@@ -209,9 +211,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
         with stop_on_signals(run), CampaignProgress(run.cfg, enabled=show_progress) as progress:
             run.on_warmup_step = progress.warmup
             first = run.round_steps[0]
-            phases = list(run.phases())
-            if run.task_runs == "round":  # several rounds a task run when rounds_per_task_run says so
-                phases = grouped_by_round(phases, run.round_stages, run.rounds_per_task_run)
+            phases = _cut(run, list(run.phases()))
             round_ends = _round_ends(phases)
             done = 0
             while done < len(phases):
@@ -229,9 +229,8 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
                     chosen = run.task_run_done(name, round_no, time.perf_counter() - started)
                     if chosen:  # task_runs auto decided
                         get_run_logger().info(chosen)
-                        if run.task_runs == "round":
-                            phases[done:] = grouped_by_round(phases[done:], run.round_stages, run.rounds_per_task_run)
-                            round_ends = _round_ends(phases)
+                        phases[done:] = _cut(run, phases[done:])
+                        round_ends = _round_ends(phases)
                     if name == "round":  # a task run of rounds stops early when asked to
                         last = min(last, run.state.rounds_done)
                     for r in range(round_no, last + 1):
