@@ -31,8 +31,8 @@ KEEP_GENERATIONS = 20
 # run dir does not make it another campaign.
 OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_seconds", "storage.write_behind",
                     "checkpoint.keep_last", "checkpoint.keep_best", "sync.timeout_seconds", "explorer.base_url",
-                    "bench.models", "threads", "task_runs", "task_runs_max_share", "bench.tasksets",
-                    "promotion.margin", "promotion.alpha", "promotion.min_accuracy")
+                    "bench.models", "threads", "task_runs", "task_runs_max_share", "rounds_per_task_run",
+                    "bench.tasksets", "promotion.margin", "promotion.alpha", "promotion.min_accuracy")
 
 
 class StateConflict(RuntimeError):
