@@ -41,17 +41,32 @@ def resolve_bench_model(ref: str, store: CampaignStore, tracking_uri: str, into:
         store.read_checkpoint(version, into)
         return str(into)
     if ref.startswith("models:/"):
-        import mlflow
-
-        mlflow.set_registry_uri(tracking_uri)
         try:
-            return mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(into), tracking_uri=tracking_uri)
+            return download_model_version(ref, tracking_uri, into)
         except Exception as e:  # noqa: BLE001 — MLflow's errors (no such model or version) in one line
             raise BenchModelError(f"bench.models {ref!r}: {str(e).splitlines()[0]}") from None
     try:
         return resolve_model_path(ref)
     except (ValueError, OSError) as e:
         raise BenchModelError(f"bench.models {ref!r}: {str(e).splitlines()[0]}") from None
+
+
+def download_model_version(ref: str, tracking_uri: str, into: Path) -> str:
+    """The files of registered version ``models:/name/3`` or ``models:/name@alias`` in ``tracking_uri``'s
+    registry, downloaded into ``into``. Resolved with a client on that URI: MLflow's own ``models:/``
+    download makes clients on the default tracking URI too, which in MLflow 3 is
+    ``sqlite:///mlflow.db`` in the current directory (a file nobody asked for)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    name, sep, alias = ref.removeprefix("models:/").partition("@")
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    if sep:
+        version = client.get_model_version_by_alias(name, alias).version
+    else:
+        name, _, version = name.rpartition("/")
+    source = client.get_model_version_download_uri(name, version)
+    return mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(into), tracking_uri=tracking_uri)
 
 
 def eval_engine(ref: str, store: CampaignStore | None, tracking_uri: str, cfg) -> HFRolloutEngine:

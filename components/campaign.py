@@ -51,7 +51,17 @@ POLL_MAX_SECONDS = 0.5  # the longest pause between two looks at the store while
 
 
 class StopRequested(Exception):
-    """A stop was asked for (a signal) while waiting for another process."""
+    """The campaign was asked to stop (a signal, a cancel in Prefect) and stopped at a safe point;
+    the message says where."""
+
+
+class StopFlag:
+    """Why the campaign should stop at its next safe point: a signal's name or a cancel (set by a
+    signal handler or a watcher thread); None: go on. Checked between stages, between warm-start
+    steps and while waiting for the other process."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
 
 
 class Campaign:
@@ -63,7 +73,8 @@ class Campaign:
     """
 
     def __init__(self, config: Preflight | CampaignConfig | Mapping[str, Any] | str | Path,
-                 run_dir: str | Path | None = None, overrides: Sequence[str] = ()):
+                 run_dir: str | Path | None = None, overrides: Sequence[str] = (), *,
+                 store: CampaignStore | None = None, stop: StopFlag | None = None):
         checked = config if isinstance(config, Preflight) else preflight(config, run_dir, overrides)
         cfg = self.cfg = checked.cfg
         self.run_dir, self.algorithm = checked.run_dir, checked.algorithm
@@ -71,8 +82,8 @@ class Campaign:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         # a round's writes go to the store behind the compute; each round ends with them stored (``sync``)
-        self.store = CampaignStore(open_run_store(cfg.storage, self.run_dir), cfg.name,
-                                   write_behind=cfg.storage.write_behind)
+        self.store = store or CampaignStore(open_run_store(cfg.storage, self.run_dir), cfg.name,
+                                            write_behind=cfg.storage.write_behind)
         self.reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
         self.has_trainer, self.has_explorer = cfg.mode != "explore", cfg.mode != "train"
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
@@ -99,7 +110,7 @@ class Campaign:
         self.policy_version = 0  # the trainer's: +1 after the warm start, +1 per trained round
         self.validation_log: list[ValidationEntry] = []
         self.verified: dict[int, pa.Table] = {}  # verify's rows of a round, until buffer has stored them
-        self.stop_requested: str | None = None  # a signal's name: stop after the current stage, end waits
+        self.stop = stop or StopFlag()  # set: stop after the current stage, end a wait or the warm start
 
     # setup -----------------------------------------------------------------------------------
     def prepare(self) -> dict[str, float]:
@@ -166,10 +177,19 @@ class Campaign:
     def warm_start(self, progress=None) -> dict[str, float]:
         """Expert-only SFT steps before the RL rounds (``trainer.warmup_steps``; the policy's version
         becomes 1), then the start weights go to the explorer (published even with no steps, as
-        version 0, so an explorer process knows the trainer is there)."""
+        version 0, so an explorer process knows the trainer is there). A stop asked for meanwhile
+        ends it after the current step (``StopRequested``): nothing of it is kept, a resume starts
+        it over."""
         steps, metrics = self.cfg.trainer.warmup_steps, {}
+
+        def step_done(step: int, step_metrics: dict[str, float]) -> None:
+            if self.stop.reason:
+                raise StopRequested(f"stopped ({self.stop.reason}) at step {step} of the warm start")
+            if progress is not None:
+                progress(step, step_metrics)
+
         if steps:
-            last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), self.cfg.trainer.warmup_lr, progress)
+            last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), self.cfg.trainer.warmup_lr, step_done)
             self.policy_version += 1
             metrics = {"warmup/steps": float(steps), "warmup/loss_sft": last.get("loss/sft", float("nan"))}
         self.weights.publish(self.policy_version)
@@ -297,8 +317,8 @@ class Campaign:
         not hammer the store); ``TimeoutError`` naming ``what`` after ``sync.timeout_seconds``."""
         start, pause = time.monotonic(), 0.002
         while not ready():
-            if self.stop_requested:
-                raise StopRequested(f"stopped while waiting for {what}")
+            if self.stop.reason:
+                raise StopRequested(f"stopped ({self.stop.reason}) while waiting for {what}")
             if time.monotonic() - start > self.cfg.sync.timeout_seconds:
                 raise TimeoutError(f"waited {self.cfg.sync.timeout_seconds:.0f} s for {what} in {self.store.url}: "
                                    "is the other process (`rftflow run --mode explore|train`) running?")

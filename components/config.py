@@ -299,13 +299,14 @@ class StorageConfig(_Section):
         "which works with older S3-compatible servers that reject the checksums boto3 ≥ 1.36 sends by default.",
     )
     max_attempts: int | None = Field(
-        None, gt=0, description="S3 attempts per request (retries back off on throttling and 5xx); default: "
-        "AWS_MAX_ATTEMPTS, else 5.",
+        None, gt=0, description="botocore's attempts per try of an S3 request; default: AWS_MAX_ATTEMPTS, else 1 "
+        "(rftflow itself retries every transient failure within `outage_seconds`, logging the first at once).",
     )
     outage_seconds: float = Field(
-        120.0, ge=0, description="S3: how long an operation keeps trying once botocore's attempts are spent "
-        "(connection refused, throttling, 5xx), backing off up to 10 s; past it the stage fails in one line and "
-        "the same command resumes the campaign later.",
+        120.0, ge=0, description="S3: how long an operation keeps trying while the store refuses connections, "
+        "resets them, hangs (each try waits at most outage_seconds / 12, 1-60 s, to connect and for each answer), "
+        "throttles or fails with 5xx, backing off up to 10 s; past it the stage fails in one line with the time "
+        "waited and the same command resumes the campaign later.",
     )
 
     write_behind: bool = Field(

@@ -22,7 +22,6 @@ A finished campaign passes: ``Preflight.previous`` tells callers, who then have 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from urllib.parse import urlsplit
 
 from components.algorithms import Algorithm
 from components.buffer.layout import run_store_url
-from components.buffer.state import CampaignState, StateStore, config_changes, state_role
+from components.buffer.state import AlreadyRunning, CampaignState, StateStore, config_changes, running_line, state_role
 from components.buffer.store import open_store, parse_store_url, redact_url, store_options
 from components.config import CampaignConfig, ConfigError, load_config
 from components.data.pipelines import check_pipeline
@@ -122,9 +121,7 @@ def _previous_state(cfg: CampaignConfig, run_dir: Path) -> CampaignState | None:
         raise ValueError(f"run dir {run_dir} holds campaign {cfg.name!r} with another config: {'; '.join(changes)}; "
                          "run it with its own config, or start over with --restart (the old run is moved aside)")
     if previous.alive_elsewhere():
-        last = previous.attempt
-        raise ValueError(f"campaign {cfg.name!r} is running now (pid {last.pid} on {last.host}, last written "
-                         f"{time.time() - previous.heartbeat:.0f} s ago): wait for it, or stop it first")
+        raise AlreadyRunning(running_line(previous))
     return previous
 
 

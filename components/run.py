@@ -15,10 +15,9 @@ Prefect task, ``run`` runs them in plain Python. Nothing here imports Prefect.
 from __future__ import annotations
 
 import json
+import logging
 import math
-import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -27,15 +26,24 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from components.buffer.layout import shard_order
-from components.buffer.state import Attempt, CampaignState, StateStore, fingerprint, now, state_role
-from components.campaign import ROUND, Campaign
+from components.buffer.layout import CampaignStore, CorruptCheckpoint, open_run_store, shard_order
+from components.buffer.state import StateStore, claim, now, state_role
+from components.campaign import ROUND, Campaign, StopFlag
 from components.data.report import validation_report
 from components.preflight import Preflight
 from components.train.checkpoints import OPTIMIZER_FILES
 from components.tracking import Tracker
 
+log = logging.getLogger("rftflow")
 COMMIT_SECONDS = 5.0  # a round's metrics and state are written at most this often (see ``_tracked``)
+
+
+class NoUsableCheckpoint(RuntimeError):
+    """A campaign with checkpoints, none of them whole: it cannot resume (the message is one line)."""
+
+
+def first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else ""
 
 
 class CampaignRun:
@@ -47,30 +55,31 @@ class CampaignRun:
     come first.
     """
 
-    def __init__(self, checked: Preflight, *, flow_run_id: str | None = None, flow_run_url: str | None = None):
+    def __init__(self, checked: Preflight, *, flow_run_id: str | None = None, flow_run_url: str | None = None,
+                 stop: StopFlag | None = None):
         self.checked, self.cfg, self.run_dir = checked, checked.cfg, checked.run_dir
         cfg, out = self.cfg, self.run_dir
-        self.campaign = Campaign(checked)  # opens the store (recording it in the run dir), loads the models
-        self.states = StateStore(self.campaign.store.objects, cfg.name, state_role(cfg.mode))
-        config = cfg.model_dump(mode="json")
-        self.state = self.states.read() or CampaignState(campaign=cfg.name, fingerprint=fingerprint(config),
-                                                         config=config)
-        run_name = cfg.name if self.campaign.has_trainer else f"{cfg.name}-explorer"
-        self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, run_name,
-                               artifact_root=out / "mlartifacts", run_id=self.state.mlflow_run_id,
-                               tags={"campaign": cfg.name, "rftflow.mode": cfg.mode,
-                                     "prefect.flow_run_id": flow_run_id or "", "prefect.flow_run_url": flow_run_url or "",
-                                     "mlflow.source.name": "rftflow run (flows/campaign.py:rft_campaign)",
-                                     "mlflow.note.content": describe(cfg, flow_run_id, flow_run_url)})
-        self.tracker.log_params(config)
-        self.state.mlflow_run_id = self.tracker.run_id
-        self.state.status, self.state.error = "running", None
-        self.killed = [a for a in self.state.attempts if a.outcome is None]  # they never recorded an end
-        for attempt in self.killed:
-            attempt.outcome = "killed"
-        self.state.attempts.append(Attempt(flow_run_id, os.getpid(), socket.gethostname(), now()))
-        self.states.write(self.state)
         self.flow_run_id = flow_run_id
+        store = CampaignStore(open_run_store(cfg.storage, out), cfg.name, write_behind=cfg.storage.write_behind)
+        self.states = StateStore(store.objects, cfg.name, state_role(cfg.mode))
+        # AlreadyRunning while another attempt holds it: nothing written, no MLflow run made
+        self.state, self.killed = claim(self.states, cfg.name, cfg.model_dump(mode="json"), flow_run_id)
+        try:
+            self.campaign = Campaign(checked, store=store, stop=stop)  # loads the models
+            run_name = cfg.name if self.campaign.has_trainer else f"{cfg.name}-explorer"
+            self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, run_name,
+                                   artifact_root=out / "mlartifacts", run_id=self.state.mlflow_run_id,
+                                   tags={"campaign": cfg.name, "rftflow.mode": cfg.mode,
+                                         "prefect.flow_run_id": flow_run_id or "",
+                                         "prefect.flow_run_url": flow_run_url or "",
+                                         "mlflow.source.name": "rftflow run (flows/campaign.py:rft_campaign)",
+                                         "mlflow.note.content": describe(cfg, flow_run_id, flow_run_url)})
+        except BaseException as e:  # the claimed attempt ends here, in the state (no MLflow run yet)
+            self._end_state("failed", f"{type(e).__name__}: {first_line(e)}")
+            raise
+        self.tracker.log_params(cfg.model_dump(mode="json"))
+        self.state.mlflow_run_id = self.tracker.run_id
+        self.states.write(self.state)
         self.on_warmup_step: Callable[[int, dict[str, float]], None] | None = None  # progress display hook
         self.last_reward: float | None = None
         self.started = time.perf_counter()
@@ -91,12 +100,34 @@ class CampaignRun:
             shards = self.campaign.store.usual_shards()
             self.resumed_from = max(0, shard_order(shards[-1])[0] - 1) if shards else None
             return
-        committed = self.campaign.store.checkpoints()
-        if committed:  # the newest, even if the state did not record it before a crash
-            with tempfile.TemporaryDirectory() as into:
-                self.resumed_from = self.campaign.restore(committed[-1]["version"], Path(into))
-            self.state.checkpoint = self.campaign.store.checkpoint_prefix(committed[-1]["version"])
+        try:
+            self._restore_newest_usable()
+        except NoUsableCheckpoint as e:
+            self.end("failed", str(e))
+            raise
+
+    def _restore_newest_usable(self) -> None:
+        """Continue from the newest committed checkpoint whose files match its manifest (even if the
+        state did not record it before a crash). A corrupt one is reported in one line and set aside
+        (``CampaignStore.set_aside_checkpoint``), and the one before it is tried: the rounds after it
+        are redone. ``NoUsableCheckpoint`` when there were checkpoints and none is whole."""
+        store = self.campaign.store
+        committed = store.checkpoints()
+        for manifest in reversed(committed):
+            version = manifest["version"]
+            try:
+                with tempfile.TemporaryDirectory() as into:
+                    self.resumed_from = self.campaign.restore(version, Path(into))
+            except CorruptCheckpoint as e:
+                store.set_aside_checkpoint(version, str(e))
+                log.warning("%s: set aside; resuming from the checkpoint before it", e)
+                continue
+            self.state.checkpoint = store.checkpoint_prefix(version)
             self.state.checkpoint_round = self.state.rounds_done = self.resumed_from
+            return
+        if committed:
+            raise NoUsableCheckpoint(f"campaign {self.cfg.name}: none of its {len(committed)} checkpoints in "
+                                     f"{store.url} is whole (each set aside as corrupt); --restart starts it over")
 
     # where the campaign stands ---------------------------------------------------------------
     @property
@@ -124,12 +155,8 @@ class CampaignRun:
 
     @property
     def stop_requested(self) -> str | None:
-        """The signal that asked this attempt to stop (after its current stage), if any."""
-        return self.campaign.stop_requested
-
-    @stop_requested.setter
-    def stop_requested(self, signal_name: str | None) -> None:
-        self.campaign.stop_requested = signal_name  # also ends a wait for the other process
+        """Why this attempt was asked to stop (after its current stage): a signal, a cancel; None: go on."""
+        return self.campaign.stop.reason
 
     # stages: each timed; metrics (MLflow, step = round) and state committed after a round's last stage
     def _tracked(self, name: str, round_no: int, work: Callable[[], dict[str, float]]) -> dict[str, float]:
@@ -382,11 +409,14 @@ class CampaignRun:
         (FINISHED | FAILED | KILLED) and in the state (unless the store is the thing that is down:
         the state then says running, with this process gone, which a new attempt resumes)."""
         self.tracker.finish({"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}[outcome])
+        if store_reachable:
+            self._end_state(outcome, error)
+
+    def _end_state(self, outcome: str, error: str | None) -> None:
         self.state.status = outcome
         self.state.attempt.ended_at, self.state.attempt.outcome, self.state.attempt.error = now(), outcome, error
         self.state.error = error
-        if store_reachable:
-            self.states.write(self.state)
+        self.states.write(self.state)
 
     def wall_seconds(self) -> float:
         return round(time.perf_counter() - self.started, 1)

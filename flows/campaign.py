@@ -12,9 +12,12 @@ same way. SIGINT/SIGTERM stop it after the current stage.
 
 from __future__ import annotations
 
+import contextvars
 import json
+import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,19 +28,43 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 from prefect.states import Cancelled, Completed, Failed, State
 
-from components.campaign import StopRequested
-from components.config import ConfigError
+from components.buffer.shards import ShardError
 from components.buffer.store import StoreUnavailable
+from components.campaign import StopFlag, StopRequested
+from components.config import ConfigError
 from components.data.contracts import ContractError
 from components.preflight import Preflight, preflight
-from components.run import CampaignRun, grouped_by_round, move_aside
+from components.run import CampaignRun, NoUsableCheckpoint, grouped_by_round, move_aside
 from flows.monitor import UIMonitor
 from flows.progress import CampaignProgress
 from tasks.stages import TASKS, bench
 
 
-class Interrupted(Exception):
-    """The campaign stopped at a safe point on SIGINT/SIGTERM; the message says how to resume."""
+CANCEL_POLL_SECONDS = 2.0  # how often a running campaign reads its flow run's state (a cancel in Prefect)
+
+
+class _TaskEndLines(logging.Filter):
+    """Prefect's lines at a task run's end, made to say each thing once: a task run cancelled because
+    the campaign was asked to stop (Ctrl-C, a cancel) is what the user asked for, INFO not ERROR;
+    "Task run failed with state: …" (with an empty traceback, ``NoneType: None``) is dropped, as the
+    "Finished in state Failed(…)" line after it says the same."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.ERROR:
+            return True
+        message = record.getMessage()
+        if message.startswith("Task run failed with state:"):
+            return False
+        if message.startswith("Finished in state Cancelled("):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        return True
+
+
+def _quiet_task_ends() -> None:
+    logger = logging.getLogger("prefect.task_runs")
+    if not any(isinstance(f, _TaskEndLines) for f in logger.filters):
+        logger.addFilter(_TaskEndLines())
 
 
 def _date() -> str:
@@ -85,12 +112,12 @@ def summary_line(checked: Preflight) -> str:
 
 
 @contextmanager
-def stop_on_signals(run: CampaignRun) -> Iterator[None]:
-    """SIGINT and SIGTERM ask ``run`` to stop after its current stage (a second one stops at once)."""
+def stop_on_signals(stop: StopFlag) -> Iterator[None]:
+    """SIGINT and SIGTERM ask the campaign to stop at its next safe point (a second one stops at once)."""
     def request(signum, _frame) -> None:
-        if run.stop_requested:
+        if stop.reason:
             raise KeyboardInterrupt
-        run.stop_requested = signal.Signals(signum).name
+        stop.reason = signal.Signals(signum).name
 
     try:
         previous = {s: signal.signal(s, request) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -102,6 +129,42 @@ def stop_on_signals(run: CampaignRun) -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@contextmanager
+def stop_on_cancel(stop: StopFlag, flow_run_id: str | None) -> Iterator[None]:
+    """A cancel of this flow run in Prefect (the UI's Cancel button, ``prefect flow-run cancel``)
+    asks the campaign to stop at its next safe point, as Ctrl-C does. Prefect itself acts on a
+    cancel only for the flow runs a worker or runner started (it signals their process); one called
+    in a process of its own (``rftflow run``) is watched here: its state is read every
+    ``CANCEL_POLL_SECONDS`` by a thread (one small API call; a failed read is tried again)."""
+    if not flow_run_id:
+        yield
+        return
+    from prefect import get_client
+
+    done = threading.Event()
+
+    def watch() -> None:
+        with get_client(sync_client=True) as client:
+            while not done.wait(CANCEL_POLL_SECONDS):
+                try:
+                    state = client.read_flow_run(flow_run_id).state
+                except Exception:  # noqa: BLE001 — the API busy or restarting: the next read tells
+                    continue
+                if state is not None and (state.is_cancelling() or state.is_cancelled()):
+                    stop.reason = stop.reason or "cancelled in Prefect"
+                    return
+
+    # in this context: its settings name the API the flow run reports to (a bare thread's would not)
+    watcher = threading.Thread(target=contextvars.copy_context().run, args=(watch,), name="rftflow-cancel-watch",
+                               daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join(timeout=5)
 
 
 def _step(run: CampaignRun, name: str, round_no: int, last: int) -> dict:
@@ -147,13 +210,19 @@ def _round_ends(phases: list) -> dict[int, tuple[str, int]]:
     return {r: (n, r) for phase in phases for lane in phase for n, r in lane if r and n not in ("register", "promote")}
 
 
-def _stop_if_asked(run: CampaignRun, round_no: int, stage: str) -> None:
+def _stop_if_asked(run: CampaignRun, round_no: int, stage: str | None) -> None:
+    """``StopRequested`` naming the step just done when a stop was asked for (None: before any step)."""
     if run.stop_requested:
-        resume = (f"the checkpoint of round {run.state.checkpoint_round}" if run.state.checkpoint_round is not None
-                  else "the start")
-        after = f"round {round_no}" if stage == "round" else f"round {round_no} {stage}"
-        raise Interrupted(f"campaign {run.cfg.name} stopped ({run.stop_requested}) after {after}; "
-                          f"run the same command to resume from {resume}")
+        after = ("before its first step" if stage is None else f"after round {round_no}" if stage == "round"
+                 else f"after round {round_no} {stage}")
+        raise StopRequested(f"stopped ({run.stop_requested}) {after}")
+
+
+def _stopped_line(run: CampaignRun, error: StopRequested) -> str:
+    """The one line of a stopped campaign: where it stopped and where the same command resumes."""
+    resume = (f"the checkpoint of round {run.state.checkpoint_round}" if run.state.checkpoint_round is not None
+              and run.campaign.has_trainer else "its newest round" if not run.campaign.has_trainer else "the start")
+    return f"campaign {run.cfg.name} {error}; resume with the same command (from {resume})"
 
 
 def _mark_crashed(run: CampaignRun) -> None:
@@ -204,56 +273,67 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
                          data=json.loads(summary_file.read_text()) if summary_file.is_file() else None)
     if restart:
         move_aside(checked)
-    run = CampaignRun(checked, flow_run_id=str(runtime.flow_run.id or "") or None, flow_run_url=_flow_run_url())
-    _mark_crashed(run)
-    monitor = UIMonitor(run)
-    try:
-        with stop_on_signals(run), CampaignProgress(run.cfg, enabled=show_progress) as progress:
-            run.on_warmup_step = progress.warmup
-            first = run.round_steps[0]
-            phases = _cut(run, list(run.phases()))
-            round_ends = _round_ends(phases)
-            done = 0
-            while done < len(phases):
-                phase = phases[done]
-                done += 1
-                if len(phase) > 1:  # lanes at once (mode async): each a chain of task runs
-                    _run_lanes(run, phase)
-                    continue
-                for name, round_no, last in _task_runs_of(phase[0]):
-                    if name == first and round_no == run.rounds_left.start:  # the first round of this attempt
-                        progress.start_rounds(run.accuracy_before, done=round_no - 1)
-                        monitor.start(rounds_done=round_no - 1)
-                    started = time.perf_counter()
-                    _step(run, name, round_no, last)
-                    chosen = run.task_run_done(name, round_no, time.perf_counter() - started)
-                    if chosen:  # task_runs auto decided
-                        get_run_logger().info(chosen)
-                        phases[done:] = _cut(run, phases[done:])
-                        round_ends = _round_ends(phases)
-                    if name == "round":  # a task run of rounds stops early when asked to
-                        last = min(last, run.state.rounds_done)
-                    for r in range(round_no, last + 1):
-                        if name in ("round", run.round_stages[-1]):  # the round's last stage is done
-                            progress.round_done(r, run.last_reward, run.accuracy_last)
-                        if round_ends.get(r) == (name, r):
-                            monitor.round_done(r)
-                    _stop_if_asked(run, last, name)
-        summary = run.finish()
-        monitor.summary(summary)
-    except StopRequested as e:  # while waiting for the other process
-        e = Interrupted(f"campaign {run.cfg.name} {e} ({run.stop_requested}); run the same command to resume")
-        _ended_early(run, monitor, "interrupted", str(e))
-        return Cancelled(message=str(e), data=e)
-    except Interrupted as e:
-        _ended_early(run, monitor, "interrupted", str(e))
-        return Cancelled(message=str(e), data=e)
-    except (ContractError, StoreUnavailable) as e:  # one line is the whole story
-        _ended_early(run, monitor, "failed", str(e), store_reachable=not isinstance(e, StoreUnavailable))
-        return Failed(message=str(e), data=e)
-    except BaseException as e:
-        _ended_early(run, monitor, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        raise
+    stop = StopFlag()
+    _quiet_task_ends()
+    flow_run_id = str(runtime.flow_run.id or "") or None
+    with stop_on_signals(stop), stop_on_cancel(stop, flow_run_id):
+        try:  # refused while another attempt holds the campaign; fails when no checkpoint is whole
+            run = CampaignRun(checked, flow_run_id=flow_run_id, flow_run_url=_flow_run_url(), stop=stop)
+        except (ConfigError, NoUsableCheckpoint) as e:
+            return Failed(message=str(e), data=e)
+        _mark_crashed(run)
+        monitor = UIMonitor(run)
+        try:
+            summary = _walk(run, monitor, show_progress)
+        except StopRequested as e:
+            line = _stopped_line(run, e)
+            _ended_early(run, monitor, "interrupted", line)
+            return Cancelled(message=line, data=StopRequested(line))
+        except (ContractError, StoreUnavailable, ShardError) as e:  # one line is the whole story
+            _ended_early(run, monitor, "failed", str(e), store_reachable=not isinstance(e, StoreUnavailable))
+            return Failed(message=str(e), data=e)
+        except BaseException as e:
+            _ended_early(run, monitor, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            raise
+    return summary
+
+
+def _walk(run: CampaignRun, monitor: UIMonitor, show_progress: bool) -> dict[str, Any]:
+    """Every step left, as task runs, in order; the summary."""
+    with CampaignProgress(run.cfg, enabled=show_progress) as progress:
+        _stop_if_asked(run, 0, None)  # asked while the campaign was loading
+        run.on_warmup_step = progress.warmup
+        first = run.round_steps[0]
+        phases = _cut(run, list(run.phases()))
+        round_ends = _round_ends(phases)
+        done = 0
+        while done < len(phases):
+            phase = phases[done]
+            done += 1
+            if len(phase) > 1:  # lanes at once (mode async): each a chain of task runs
+                _run_lanes(run, phase)
+                continue
+            for name, round_no, last in _task_runs_of(phase[0]):
+                if name == first and round_no == run.rounds_left.start:  # the first round of this attempt
+                    progress.start_rounds(run.accuracy_before, done=round_no - 1)
+                    monitor.start(rounds_done=round_no - 1)
+                started = time.perf_counter()
+                _step(run, name, round_no, last)
+                chosen = run.task_run_done(name, round_no, time.perf_counter() - started)
+                if chosen:  # task_runs auto decided
+                    get_run_logger().info(chosen)
+                    phases[done:] = _cut(run, phases[done:])
+                    round_ends = _round_ends(phases)
+                if name == "round":  # a task run of rounds stops early when asked to
+                    last = min(last, run.state.rounds_done)
+                for r in range(round_no, last + 1):
+                    if name in ("round", run.round_stages[-1]):  # the round's last stage is done
+                        progress.round_done(r, run.last_reward, run.accuracy_last)
+                    if round_ends.get(r) == (name, r):
+                        monitor.round_done(r)
+                _stop_if_asked(run, last, name)
+    summary = run.finish()
+    monitor.summary(summary)
     return summary
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -24,9 +25,32 @@ def _main() -> None:
     """rftflow: reinforcement fine-tuning campaigns, tracked in Prefect and MLflow."""
 
 
-def _fail(message: str, code: int = 2) -> None:
+EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED = 1, 2, 130  # and 0: done, or nothing to do
+
+
+def _fail(message: str, code: int = EXIT_REFUSED) -> None:
     err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _stopped(message: str) -> None:
+    err.print(f"[yellow]stopped:[/yellow] {message.removeprefix('stopped: ')}", highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_STOPPED)
+
+
+def _exit_on(state) -> None:
+    """A flow run's end as the command's: returns when it completed; else its one line and exit
+    code (``EXIT_STOPPED`` for a stop, ``EXIT_REFUSED`` for a refusal before any work, such as
+    another attempt holding the campaign, ``EXIT_FAILED`` otherwise)."""
+    from components.config import ConfigError
+
+    if state.is_completed():
+        return
+    if state.is_cancelled():
+        _stopped(state.message)
+    error = state.result(raise_on_failure=False)
+    _fail(state.message.removeprefix("Flow run encountered an exception: "),
+          EXIT_REFUSED if isinstance(error, ConfigError) else EXIT_FAILED)
 
 
 def _preflight(config, run_dir: Path | None, overrides: list[str], restart: bool = False):
@@ -64,38 +88,39 @@ def run(
 ) -> None:
     """Run a campaign to the end, or resume it from its newest checkpoint, and print its summary.
 
-    Exit status: 0 done (or already finished), 1 failed, 2 bad input, 130 stopped by a signal.
+    Exit status: 0 done (or already finished), 1 failed, 2 refused before any work (bad input, or
+    another attempt already running), 130 stopped by a signal or a cancel.
     """
+    # SIGTERM (a supervisor, `timeout`) as Ctrl-C until the campaign takes both over (a safe stop)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if progress:  # the bars report progress; Prefect's per-task INFO lines still reach its API and UI
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     overrides = [*overrides, f"mode={mode}"] if mode else overrides
-    from flows.prefect_api import booting_prefect_api
+    name = "the campaign"
+    try:
+        from flows.prefect_api import booting_prefect_api
 
-    loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
-    with booting_prefect_api() as prefect_api_ready:  # the server boots while the preflight checks the rest
-        checked = _preflight(loaded, run_dir, [], restart)  # the flow passes it too; here it fails first
-        from flows.campaign import rft_campaign, summary_line
+        loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
+        name = f"campaign {loaded.name}"
+        with booting_prefect_api() as prefect_api_ready:  # the server boots while the preflight checks the rest
+            checked = _preflight(loaded, run_dir, [], restart)  # the flow passes it too; here it fails first
+            from flows.campaign import rft_campaign, summary_line
 
-        if checked.finished:
-            Console().print(summary_line(checked), highlight=False, soft_wrap=True)
-            return
-        # the contracts' and the tracking's libraries, else first imported inside the flow
-        import great_expectations  # noqa: F401
-        import mlflow  # noqa: F401
+            if checked.finished:
+                Console().print(summary_line(checked), highlight=False, soft_wrap=True)
+                return
+            # the contracts' and the tracking's libraries, else first imported inside the flow
+            import great_expectations  # noqa: F401
+            import mlflow  # noqa: F401
 
-        _collector_on()
-        cfg = checked.cfg
-        prefect_api_ready()
-        try:
+            _collector_on()
+            cfg = checked.cfg
+            prefect_api_ready()
             state = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,
                                  show_progress=progress, return_state=True)
-        except KeyboardInterrupt:
-            _fail(f"campaign {cfg.name} stopped at once (a second interrupt); run the same command to resume "
-                  "from its newest checkpoint", 130)
-    if state.is_cancelled():
-        _fail(state.message, 130)
-    if not state.is_completed():
-        _fail(state.message.removeprefix("Flow run encountered an exception: "), 1)
+    except KeyboardInterrupt:  # before the campaign's own handlers, or a second signal
+        _stopped(f"{name} stopped at once; resume with the same command (from its newest checkpoint)")
+    _exit_on(state)
     summary = state.result()
     if cfg.mode == "bench":
         table = Table("model", "taskset", "tasks", "accuracy", title=f"bench {cfg.name}")
@@ -138,8 +163,7 @@ def promote(
         prefect_api_ready()
         state = promote_model(str(config or DEFAULT_CONFIG), str(checked.run_dir), overrides=list(overrides),
                               version=version, return_state=True)
-    if not state.is_completed():
-        _fail(state.message.removeprefix("Flow run encountered an exception: "), 1)
+    _exit_on(state)
     Console().print(state.result()["line"], highlight=False, soft_wrap=True)
 
 

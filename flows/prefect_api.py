@@ -1,10 +1,12 @@
 """The Prefect API a ``rftflow run`` talks to when ``PREFECT_API_URL`` names none.
 
 Prefect's own ephemeral API is a uvicorn process started from this one; killed with SIGKILL, this
-process leaves it running for good. ``booting_prefect_api`` starts the same server (the uvicorn
+process leaves it running for good, and in the terminal's process group Ctrl-C kills it before the
+campaign can record that it stopped. ``booting_prefect_api`` starts the same server (the uvicorn
 command of Prefect's ``SubprocessASGIServer``, on ``PREFECT_HOME``'s database, so ``prefect server
-start`` later shows every run) with the kernel told to end it when this process ends, whatever
-ends it (Linux's ``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is), under
+start`` later shows every run) in a session of its own (``setsid``: signals to the terminal's
+group do not reach it; this process stops it when done), with the kernel told to end it when this
+process ends, whatever ends it (Linux's ``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is), under
 Linux's ``SCHED_IDLE`` policy (elsewhere at nice 10): recording a task run's events costs the server
 CPU, which at normal priority is taken from the campaign's compute on a small machine. Even at
 nice 10 or 19 a busy neighbour slows a 2-thread torch step on 2 cores by a fifth to a third; under
@@ -116,6 +118,10 @@ class EmbeddedServer:
             env={**RECORDER_BATCHING, **os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                  "PREFECT__SERVER_FINAL": "1", "RFTFLOW_PREFECT_PARENT": str(os.getpid()),
                  **get_current_settings().to_environment_variables(exclude_unset=True)},
+            # its own session, outside the terminal's process group: Ctrl-C (or a supervisor signalling
+            # the group) reaches the campaign, which stops at a safe point and records that here
+            # before it stops this server; the kernel still ends it with this process (above)
+            start_new_session=True,
         )
 
     @property

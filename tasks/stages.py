@@ -15,14 +15,22 @@ from __future__ import annotations
 
 from prefect import get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Failed, State
+from prefect.states import Cancelled, Failed, State
 
+from components.buffer.shards import ShardError
 from components.buffer.store import StoreUnavailable
+from components.campaign import StopRequested
 from components.data.contracts import ContractError
 from components.run import CampaignRun
 
 
-ONE_LINE = (ContractError, StoreUnavailable)  # failures whose message is the whole story
+ONE_LINE = (ContractError, StoreUnavailable, ShardError)  # failures whose message is the whole story
+
+
+def one_line_state(error: Exception) -> State:
+    """A step that ended early, as its task run's state with its one line: Cancelled for a stop
+    asked for (a signal, a cancel), else Failed; no traceback. The flow gets the exception back."""
+    return (Cancelled if isinstance(error, StopRequested) else Failed)(message=str(error), data=error)
 
 
 def worth_retrying(_task, _task_run, state) -> bool:
@@ -58,8 +66,8 @@ def _step_task(name: str, doc: str, **retry):
     def run_step(run: CampaignRun, round_no: int) -> dict | State:
         try:
             result = run.step(name, round_no)
-        except ONE_LINE as e:  # Failed with its one line, not a traceback; the flow gets the exception
-            return Failed(message=str(e), data=e)
+        except (*ONE_LINE, StopRequested) as e:
+            return one_line_state(e)
         get_run_logger().info(outcome_line(result))
         return result
 
@@ -106,8 +114,8 @@ def round_task(run: CampaignRun, round_no: int, last: int | None = None) -> dict
     for r in range(round_no, last + 1):
         try:
             result = run.step("round", r)
-        except ONE_LINE as e:
-            return Failed(message=str(e), data=e)
+        except (*ONE_LINE, StopRequested) as e:
+            return one_line_state(e)
         logger.info(outcome_line(result) if last == round_no else f"round {r}: {outcome_line(result)}")
         if run.stop_requested:
             break

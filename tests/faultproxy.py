@@ -3,11 +3,14 @@
     with FaultProxy(upstream_port) as proxy:    # proxy.endpoint_url → http://127.0.0.1:<port>
         proxy.refuse()                          # the port is closed: connections are refused
         proxy.slow_down()                       # every request is answered 503 SlowDown
+        proxy.hang()                            # connections are accepted, requests never answered
         proxy.forward()                         # back to normal
         proxy.forward(delay=0.01)               # forwarding, each chunk a client sends held 10 ms first
 
 ``refuse`` also cuts the connections that are open (a client's keep-alive pool sees resets);
-``slow_down`` reads each request (headers and body) and answers as S3 does when throttling.
+``slow_down`` reads each request (headers and body) and answers as S3 does when throttling;
+``hang`` is a server frozen mid-flight (SIGSTOP): open connections stop being forwarded and new ones
+are accepted and read, never answered, never closed.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class FaultProxy:
 
     def refuse(self) -> None:
         self._set("refuse")
+
+    def hang(self) -> None:
+        self._set("hang")
 
     def _set(self, mode: str) -> None:
         with self._lock:
@@ -91,7 +97,7 @@ class FaultProxy:
             with self._lock:
                 mode = self.mode
                 self._open.add(client)
-            target = self._slow_down if mode == "slow_down" else self._forward
+            target = {"slow_down": self._slow_down, "hang": self._hang}.get(mode, self._forward)
             threading.Thread(target=target, args=(client,), daemon=True).start()
 
     def _forward(self, client: socket.socket) -> None:
@@ -102,8 +108,19 @@ class FaultProxy:
             return
         with self._lock:
             self._open.add(upstream)
-        threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
-        _pump(client, upstream, self.delay)
+        threading.Thread(target=_pump, args=(upstream, client, 0.0, self), daemon=True).start()
+        _pump(client, upstream, self.delay, self)
+
+    def _hang(self, client: socket.socket) -> None:
+        try:
+            while client.recv(65536) and self.mode == "hang":
+                pass
+            while self.mode == "hang":  # the client gave up: keep its socket open, as a frozen server does
+                time.sleep(0.1)
+        except OSError:
+            pass
+        finally:
+            _close(client)
 
     def _slow_down(self, client: socket.socket) -> None:
         try:
@@ -128,11 +145,13 @@ class FaultProxy:
             _close(client)
 
 
-def _pump(source: socket.socket, sink: socket.socket, delay: float = 0.0) -> None:
+def _pump(source: socket.socket, sink: socket.socket, delay: float = 0.0, proxy: FaultProxy | None = None) -> None:
     try:
         while chunk := source.recv(65536):
             if delay:
                 time.sleep(delay)
+            while proxy is not None and proxy.mode == "hang":  # frozen: nothing more goes through
+                time.sleep(0.1)
             sink.sendall(chunk)
     except OSError:
         pass

@@ -52,6 +52,10 @@ from components.data.experience import SCHEMA
 KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"), "human": ("experiences", "human"),
          "quarantine": ("quarantine",), "failed": ("quarantine", "failed"), "tasks": ("tasksets",)}
 
+class CorruptCheckpoint(ValueError):
+    """A committed checkpoint whose files do not match its manifest (missing, truncated, altered)."""
+
+
 STORE_FILE = "store.json"
 CHECKPOINT_MANIFEST = "checkpoint.json"  # a checkpoint's commit marker, written last
 WEIGHTS_MANIFEST = "weights.json"  # a published weight version's commit marker, written last
@@ -282,6 +286,7 @@ class CampaignStore:
             listed[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         manifest = json.dumps({**meta, "version": version, "files": listed}, sort_keys=True, indent=1).encode()
         self.objects.put(f"{prefix}/{CHECKPOINT_MANIFEST}", manifest, if_absent=True)
+        self.objects.delete(f"{prefix}/corrupt.json")  # a corrupt one set aside at this version is replaced
         return prefix
 
     def checkpoints(self) -> list[dict[str, Any]]:
@@ -290,17 +295,32 @@ class CampaignStore:
         return [json.loads(self.objects.get(k)) for k in sorted(keys)]
 
     def read_checkpoint(self, version: int, into: Path) -> dict[str, Any]:
-        """Download committed checkpoint ``version`` into ``into`` (each file checked against its
-        sha256); returns its manifest."""
+        """Download committed checkpoint ``version`` into ``into``, each file checked against the
+        size and sha256 its manifest gives; ``CorruptCheckpoint`` names the first that differs or is
+        missing. Returns its manifest."""
         prefix = self.checkpoint_prefix(version)
         manifest = json.loads(self.objects.get(f"{prefix}/{CHECKPOINT_MANIFEST}"))
         for name, meta in manifest["files"].items():
-            data = self.objects.get(f"{prefix}/{name}")
-            if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-                raise ValueError(f"checkpoint {prefix}/{name}: its bytes are not the ones its manifest describes")
+            try:
+                data = self.objects.get(f"{prefix}/{name}")
+            except KeyError:
+                raise CorruptCheckpoint(f"checkpoint {prefix} (round {manifest.get('round')}) is corrupt: "
+                                        f"{name} is missing") from None
+            if len(data) != meta["bytes"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+                raise CorruptCheckpoint(f"checkpoint {prefix} (round {manifest.get('round')}) is corrupt: {name} "
+                                        f"has {len(data)} bytes of other content than the {meta['bytes']} its "
+                                        "manifest describes")
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             (into / name).write_bytes(data)
         return manifest
+
+    def set_aside_checkpoint(self, version: int, reason: str) -> None:
+        """Uncommit a corrupt checkpoint: its manifest goes to ``corrupt.json`` with ``reason`` (its
+        files stay for a look, until the round's checkpoint is written again or ``buffer gc``)."""
+        prefix = self.checkpoint_prefix(version)
+        manifest = json.loads(self.objects.get(f"{prefix}/{CHECKPOINT_MANIFEST}"))
+        self.objects.put(f"{prefix}/corrupt.json", json.dumps({**manifest, "reason": reason}, indent=1).encode())
+        self.objects.delete(f"{prefix}/{CHECKPOINT_MANIFEST}")
 
     def delete_checkpoint(self, version: int) -> None:
         self._delete_committed(self.checkpoint_prefix(version), CHECKPOINT_MANIFEST)

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from components.buffer.store import ObjectStore
-from components.config import flatten
+from components.config import ConfigError, flatten
 
 STATUSES = ("running", "finished", "failed", "interrupted")
 KEEP_GENERATIONS = 20
@@ -37,6 +37,17 @@ OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_
 
 class StateConflict(RuntimeError):
     """Another process wrote the campaign's state since this one last read it."""
+
+
+class AlreadyRunning(ConfigError):
+    """Another live attempt holds the campaign: refused before any work (exit 2)."""
+
+
+def running_line(state: CampaignState) -> str:
+    """Why a start is refused while ``state``'s last attempt is alive, in one line."""
+    last = state.attempt
+    return (f"campaign {state.campaign!r} is running now (pid {last.pid} on {last.host}, last written "
+            f"{time.time() - state.heartbeat:.0f} s ago): wait for it, or stop it first")
 
 
 def fingerprint(config: dict[str, Any]) -> str:
@@ -165,6 +176,30 @@ class StateStore:
         old = self.generation - KEEP_GENERATIONS
         if old >= 1:
             self.objects.delete(self._key(old))
+
+
+def claim(states: StateStore, campaign: str, config: dict[str, Any], flow_run_id: str | None
+          ) -> tuple[CampaignState, list[Attempt]]:
+    """Start an attempt: the newest state (a new one for a campaign that never ran) with this
+    process's attempt appended, written as the next generation. Refused (``AlreadyRunning``, nothing
+    written) while another attempt is alive, or when a rival's write took that generation first: of
+    several processes started at once, one holds the campaign. Returns (state, attempts found
+    unfinished: their processes were killed)."""
+    state = states.read() or CampaignState(campaign=campaign, fingerprint=fingerprint(config), config=config)
+    if state.alive_elsewhere():
+        raise AlreadyRunning(running_line(state))
+    killed = [a for a in state.attempts if a.outcome is None]  # they never recorded an end
+    for attempt in killed:
+        attempt.outcome = "killed"
+    state.status, state.error = "running", None
+    state.attempts.append(Attempt(flow_run_id, os.getpid(), socket.gethostname(), now()))
+    try:
+        states.write(state)
+    except StateConflict:
+        rival = states.read()
+        raise AlreadyRunning(running_line(rival) if rival and rival.attempts
+                             else f"campaign {campaign!r} was started by another process at the same time") from None
+    return state, killed
 
 
 def state_role(mode: str) -> str:

@@ -32,13 +32,16 @@ Contract of an ``ObjectStore`` (keys are ``/``-separated, no leading slash, no e
                          boto3 >= 1.36 sends CRC checksums by default, which some S3-compatible
                          servers reject: use ``"when_required"`` there. Chain:
                          ``AWS_REQUEST_CHECKSUM_CALCULATION``, ``AWS_RESPONSE_CHECKSUM_VALIDATION``.
-  ``max_attempts``       total attempts per request (botocore retries throttling, 5xx and
-                         connection errors with backoff); chain: ``AWS_MAX_ATTEMPTS``.
+  ``max_attempts``       botocore's attempts per try (its own retries of throttling, 5xx and
+                         connection errors, within one try of ``outage_seconds``'s loop); chain:
+                         ``AWS_MAX_ATTEMPTS``.
   ``retry_mode``         ``"standard"`` | ``"adaptive"``; chain: ``AWS_RETRY_MODE`` (botocore's
                          ``legacy`` mode is replaced by ``standard``).
-  ``outage_seconds``     how long an operation keeps retrying once botocore's own attempts are
-                         spent on connection errors, throttling or 5xx (backoff up to 10 s between
-                         tries); past it ``StoreUnavailable`` says so in one line (120 s).
+  ``outage_seconds``     how long an operation keeps trying while the store refuses, resets,
+                         hangs, throttles or fails with 5xx (backoff up to 10 s between tries; each
+                         try waits at most a twelfth of it to connect and for each answer), counted
+                         from the first failed try; past it ``StoreUnavailable`` says so in one line,
+                         with the time waited (120 s).
   ``multipart_threshold`` bytes at and above which a put is a multipart upload (64 MiB);
   ``multipart_chunksize`` part size (8 MiB, at least 5 MiB); ``max_concurrency`` parallel parts (8).
 
@@ -318,6 +321,9 @@ class S3Store:
             retries["total_max_attempts"] = self.max_attempts
         options: dict[str, Any] = {
             "retries": retries,
+            # a server that accepts and never answers fails a try in seconds, not botocore's 60 s
+            "connect_timeout": self.try_timeout,
+            "read_timeout": self.try_timeout,
             "max_pool_connections": max(10, 2 * self.max_concurrency),
             "user_agent_extra": "rftflow",
         }
@@ -343,29 +349,40 @@ class S3Store:
 
     # -- the contract --------------------------------------------------------------------------
 
+    @property
+    def try_timeout(self) -> float:
+        """Seconds one try may wait to connect, and then for each answer: a twelfth of the outage
+        budget, between 1 and 60 s. A try that hangs past the budget's end overruns it by at most this."""
+        return min(60.0, max(1.0, self.outage_seconds / 12))
+
     def _outlasting(self, what: str, call: Callable[[], Any]) -> Any:
-        """``call()``, tried again while the store is unreachable, throttling or failing with 5xx
-        (after botocore's own retries), backing off up to 10 s, until ``outage_seconds`` have
-        passed since the first failure; then ``StoreUnavailable``. Every operation here is safe
-        to repeat: puts write whole objects, and a put-if-absent repeated after its first try
-        reached the store answers False, which callers treat as "already there"."""
+        """``call()``, tried again while the store refuses, resets, hangs (``try_timeout``),
+        throttles or fails with 5xx, backing off up to 10 s, until ``outage_seconds`` have passed
+        since the first failed try began (the last try starts early enough to end by then, so the
+        wait is the budget within one ``try_timeout``); then ``StoreUnavailable`` with the time
+        waited. The first failure is logged at once. Every operation here is safe to repeat: puts write whole objects,
+        and a put-if-absent repeated after its first try reached the store answers False, which
+        callers treat as "already there"."""
         started, tries = None, 0
         while True:
+            began = time.monotonic()
             try:
                 return call()
             except Exception as exc:  # noqa: BLE001 — sorted out by _transient
                 if not _transient(exc):
                     raise
-                now = time.monotonic()
-                started = started or now
-                if now - started >= self.outage_seconds:
+                started = started or began
+                waited = time.monotonic() - started
+                left = self.outage_seconds - waited
+                if left <= self.try_timeout:  # a try that hangs from now on would end past the budget
                     raise StoreUnavailable(
-                        f"store {self.url} unavailable for {now - started:.0f} s ({what}: {_describe(exc)}); "
+                        f"store {self.url} unavailable for {waited:.0f} s ({what}: {_describe(exc)}); "
                         "run the same command again once it is back") from None
                 if tries == 0:
                     log.warning("store %s: %s failed (%s); retrying for up to %.0f s", self.url, what,
                                 _describe(exc), self.outage_seconds)
-                time.sleep(min(10.0, 0.5 * 2 ** tries) * (0.5 + random.random() / 2))
+                pause = min(10.0, 0.5 * 2 ** tries) * (0.5 + random.random() / 2)
+                time.sleep(min(pause, left - self.try_timeout))  # the last try ends by the budget's end
                 tries += 1
 
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
@@ -472,12 +489,14 @@ def _describe(exc: Exception) -> str:
 def store_options(storage) -> dict[str, Any]:
     """``open_store`` options of an S3 store from a ``StorageConfig``. Credentials come from the AWS
     chain, never config. Unset checksum and attempts defer to the AWS environment
-    (``AWS_REQUEST_CHECKSUM_CALCULATION``, ``AWS_MAX_ATTEMPTS``), then to ``when_required`` and 5."""
+    (``AWS_REQUEST_CHECKSUM_CALCULATION``, ``AWS_MAX_ATTEMPTS``), then to ``when_required`` and 1:
+    the store's own loop retries every transient failure within ``outage_seconds`` (botocore's
+    retries inside a try would hide the first failure and stretch a try past its timeout)."""
     env = os.environ
     return {"endpoint_url": storage.endpoint_url, "region": storage.region,
             "addressing_style": storage.addressing_style,
             "checksum": storage.checksum or (None if env.get("AWS_REQUEST_CHECKSUM_CALCULATION") else "when_required"),
-            "max_attempts": storage.max_attempts or (None if env.get("AWS_MAX_ATTEMPTS") else 5),
+            "max_attempts": storage.max_attempts or (None if env.get("AWS_MAX_ATTEMPTS") else 1),
             "outage_seconds": storage.outage_seconds}
 
 

@@ -323,7 +323,7 @@ def test_config_refuses_credentials_in_storage_urls_without_echoing_them(monkeyp
     monkeypatch.delenv("AWS_REQUEST_CHECKSUM_CALCULATION", raising=False)
     monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
     options = store_options(load_config(None, []).storage)
-    assert options["checksum"] == "when_required" and options["max_attempts"] == 5
+    assert options["checksum"] == "when_required" and options["max_attempts"] == 1
     monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_supported")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     options = store_options(load_config(None, []).storage)
