@@ -325,6 +325,19 @@ class StorageConfig(_Section):
         return url
 
 
+class RetentionConfig(_Section):
+    """What ``rftflow buffer gc`` deletes from the store (see ``components.buffer.retention``)."""
+
+    keep_rounds: int | None = Field(
+        None, gt=0, description="Explorer experiences and their quarantine: keep the newest k rounds (null: all). "
+        "Rounds that a resume or a replay still needs are kept whatever k says.",
+    )
+    after_campaign: bool = Field(
+        False, description="Apply `rftflow buffer gc` to the campaign when it finishes (staging, superseded "
+        "weights and checkpoints, crash leftovers, and rounds past `keep_rounds`).",
+    )
+
+
 class PromotionConfig(_Section):
     margin: float = Field(0.02, ge=0, description="`rftflow promote`: the least held-out accuracy gain over the "
                           "champion that can move the `champion` alias.")
@@ -395,6 +408,7 @@ class CampaignConfig(_Section):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
     @field_validator("rounds")
     @classmethod
@@ -484,6 +498,17 @@ def _apply_override(data: dict, assignment: str) -> None:
         node[leaf] = raw
 
 
+def _source_of(error: ValidationError, where: str, overrides: Sequence[str]) -> str:
+    """Where the first error's key came from: the ``--set`` that set it (or a section above it),
+    else ``where`` (the YAML file, ``<config>`` or ``<defaults>``)."""
+    loc = [str(p) for p in error.errors()[0]["loc"]]
+    for assignment in reversed(overrides):
+        key = assignment.partition("=")[0].strip().split(".")
+        if loc and loc[:len(key)] == key:
+            return f"--set {assignment}"
+    return where
+
+
 def _describe(error: ValidationError) -> str:
     """The first validation error as ``key.path: message (got value)``."""
     first = error.errors()[0]
@@ -516,6 +541,12 @@ def load_config(source: CampaignConfig | Mapping[str, Any] | str | Path | None =
             raise ConfigError(f"config file not found: {p}")
         try:
             data = yaml.safe_load(p.read_text()) or {}
+        except yaml.MarkedYAMLError as e:  # line and column, 1-based, as editors number them
+            mark, context = e.problem_mark or e.context_mark, e.context_mark
+            at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+            within = (f"; {e.context} at {context.line + 1}:{context.column + 1}"
+                      if e.context and context and context is not mark else "")
+            raise ConfigError(f"{p}{at}: not valid YAML ({e.problem or e.context}{within})") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
         if not isinstance(data, dict):
@@ -527,4 +558,4 @@ def load_config(source: CampaignConfig | Mapping[str, Any] | str | Path | None =
     try:
         return CampaignConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{where}: {_describe(e)}") from None
+        raise ConfigError(f"{_source_of(e, where, overrides)}: {_describe(e)}") from None

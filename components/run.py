@@ -397,12 +397,24 @@ class CampaignRun:
             "attempts": len(self.state.attempts), "resumed_from_round": self.resumed_from, "mode": self.cfg.mode,
             "promotion": self.promotion, "task_runs": self.task_runs, "rounds_per_task_run": self.rounds_per_task_run,
         }
+        if self.cfg.retention.after_campaign:
+            summary["gc_deleted_objects"] = self.collect_garbage()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if after is not None:
             self.tracker.log_metrics({"eval/accuracy_before": before, "eval/accuracy_after": after},
                                      step=self.cfg.rounds)
         self.end("finished")
         return summary
+
+    def collect_garbage(self) -> int:
+        """``retention.after_campaign``: what the finished campaign no longer needs leaves its store
+        (``components.buffer.retention``); the number of objects deleted."""
+        from components.buffer.retention import apply, plan
+
+        self.campaign.store.flush()
+        deleted = apply(self.campaign.store, plan(self.campaign.store, self.cfg.model_dump(mode="json"), finished=True))
+        log.info("buffer gc after the campaign: %d objects deleted from %s", deleted, self.campaign.store.url)
+        return deleted
 
     def end(self, outcome: str, error: str | None = None, *, store_reachable: bool = True) -> None:
         """Record how this attempt ended (finished | failed | interrupted) in the MLflow run's status

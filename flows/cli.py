@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import signal
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -172,38 +173,43 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
            campaign: Annotated[Optional[str], typer.Option("--campaign", help="Campaign name (default: the only one).")] = None,
            ) -> None:
     """Where a campaign stands: status, rounds done, last checkpoint, MLflow run, last error."""
+    from components.buffer.layout import moved_aside
     from components.buffer.state import StateStore
 
     opened = _open_buffer(store, campaign)
-    state = StateStore(opened.objects, opened.campaign).read()
-    explorer = StateStore(opened.objects, opened.campaign, "explorer").read()  # a two-process campaign's explorer
-    state = state or explorer
-    if state is None:
-        _fail(f"{opened.url}: campaign {opened.campaign!r} has stored data but never ran (no state)")
-    rounds = state.config.get("rounds")
-    checkpoints = opened.checkpoints()
-    last = checkpoints[-1] if checkpoints else None
-    table = Table(title=f"campaign {state.campaign} in {opened.url}", show_header=False)
-    rows = [
-        ("status", state.status + (" (its process is alive)" if state.alive_elsewhere() else "")),
-        ("rounds done", f"{state.rounds_done} of {rounds}"),
-        ("last stage", f"{state.stage} of round {state.round}" if state.stage else "none"),
-        ("last checkpoint", f"{opened.checkpoint_prefix(last['version'])} (round {last['round']}, {last.get('created_at')})"
-         if last else "none"),
-        ("held-out accuracy", ", ".join(f"r{r}: {a:.3f}" for r, a in sorted(state.evals.items(), key=lambda kv: int(kv[0])))
-         or "none"),
-        ("mlflow run", state.mlflow_run_id or "none"),
-        ("model version", state.model_version or "none"),
-        ("attempts", str(len(state.attempts))),
-        ("updated", state.updated_at),
-        ("last error", state.error or "none"),
-    ]
-    if explorer is not None and explorer is not state:
-        rows.append(("explorer process", f"{explorer.status}, {explorer.rounds_done} of {rounds} rounds explored"
-                     + (f"; last error: {explorer.error}" if explorer.error else "")))
-    published = opened.published_weights()
-    if published:
-        rows.append(("published weights", f"v{published[-1]} (newest of {len(published)} kept)"))
+    with _store_errors():
+        state = StateStore(opened.objects, opened.campaign).read()
+        explorer = StateStore(opened.objects, opened.campaign, "explorer").read()  # a two-process campaign's explorer
+        state = state or explorer
+        if state is None:
+            _fail(f"{opened.url}: campaign {opened.campaign!r} has stored data but never ran (no state)")
+        rounds = state.config.get("rounds")
+        checkpoints = opened.checkpoints()
+        last = checkpoints[-1] if checkpoints else None
+        table = Table(title=f"campaign {state.campaign} in {opened.url}", show_header=False)
+        rows = [
+            ("status", state.status + (" (its process is alive)" if state.alive_elsewhere() else "")),
+            ("rounds done", f"{state.rounds_done} of {rounds}"),
+            ("last stage", f"{state.stage} of round {state.round}" if state.stage else "none"),
+            ("last checkpoint", f"{opened.checkpoint_prefix(last['version'])} (round {last['round']}, {last.get('created_at')})"
+             if last else "none"),
+            ("held-out accuracy", ", ".join(f"r{r}: {a:.3f}" for r, a in sorted(state.evals.items(), key=lambda kv: int(kv[0])))
+             or "none"),
+            ("mlflow run", state.mlflow_run_id or "none"),
+            ("model version", state.model_version or "none"),
+            ("attempts", str(len(state.attempts))),
+            ("updated", state.updated_at),
+            ("last error", state.error or "none"),
+        ]
+        if explorer is not None and explorer is not state:
+            rows.append(("explorer process", f"{explorer.status}, {explorer.rounds_done} of {rounds} rounds explored"
+                         + (f"; last error: {explorer.error}" if explorer.error else "")))
+        published = opened.published_weights()
+        if published:
+            rows.append(("published weights", f"v{published[-1]} (newest of {len(published)} kept)"))
+        earlier = moved_aside(opened.objects, opened.campaign)
+        if earlier:
+            rows.append(("moved aside", ", ".join(earlier) + " (by --restart; --campaign NAME shows one)"))
     for key, value in rows:
         table.add_row(key, value)
     Console().print(table)
@@ -254,8 +260,6 @@ RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only this roun
 def _open_buffer(location: str, campaign: str | None):
     """A ``CampaignStore`` for a run dir (its store as the run recorded it, see
     ``open_run_store``) or a store URL (S3 settings from the AWS environment)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from components.buffer.layout import CampaignStore, campaigns_in, recorded_store
     from components.buffer.store import open_store
 
@@ -265,25 +269,42 @@ def _open_buffer(location: str, campaign: str | None):
             _fail(f"no run dir or store at {location}")
         location, options = recorded_store(location)
     try:
-        store = open_store(location, **options)
-        names = campaigns_in(store)
+        with _store_errors():
+            store = open_store(location, **options)
+            names = campaigns_in(store)
     except ValueError as e:  # names the URL itself
         _fail(str(e))
-    except (BotoCoreError, ClientError) as e:
-        _fail(f"{location}: {e}")
     if campaign is None:
         if len(names) != 1:
             _fail(f"{location}: {'no campaigns' if not names else 'several campaigns: ' + ', '.join(names)}"
                   + ("; pick one with --campaign" if names else ""))
         campaign = names[0]
-    elif campaign not in names:
+    elif campaign not in names and campaign not in campaigns_in(store, moved_aside=True):
         _fail(f"{location}: no campaign {campaign!r}; found: {', '.join(names) or 'none'}")
     return CampaignStore(store, campaign)
 
 
+@contextmanager
+def _store_errors():
+    """A store that cannot be read ends the command in one line, exit 1: a corrupt shard (its key and
+    what differs), a store down past its outage budget, botocore's errors."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from components.buffer.shards import ShardError
+    from components.buffer.store import StoreUnavailable
+
+    try:
+        yield
+    except (ShardError, StoreUnavailable) as e:
+        _fail(str(e), EXIT_FAILED)
+    except (BotoCoreError, ClientError) as e:
+        _fail(f"{type(e).__name__}: {str(e).splitlines()[0]}", EXIT_FAILED)
+
+
 def _read(store, kind: str, round_no: int | None):
     try:
-        return store.read_kind(kind, round_no)
+        with _store_errors():
+            return store.read_kind(kind, round_no)
     except KeyError as e:
         _fail(e.args[0])
 
@@ -295,7 +316,9 @@ def buffer_ls(store: StoreArg, campaign: CampaignOpt = None) -> None:
     table = Table(title=f"campaign {opened.campaign} in {opened.url}")
     for column in ("kind", "round", "source", "rows"):
         table.add_column(column, justify="right" if column in ("round", "rows") else "left")
-    for row in opened.counts():
+    with _store_errors():
+        counts = opened.counts()
+    for row in counts:
         table.add_row(row["kind"], "" if row["round"] is None else str(row["round"]), row["source"], str(row["rows"]))
     Console().print(table)
 
@@ -334,6 +357,39 @@ def buffer_export(store: StoreArg, out: Annotated[Path, typer.Option("--out", he
     Console().print(f"{rows.num_rows} {kind} rows → {out}")
 
 
+@buffer_app.command("gc")
+def buffer_gc(store: StoreArg, campaign: CampaignOpt = None,
+              apply: Annotated[bool, typer.Option("--apply", help="Delete (default: list what would go).")] = False,
+              keep_rounds: Annotated[Optional[int], typer.Option(
+                  "--keep-rounds", min=1, help="Keep the newest k rounds of experiences (default: the campaign's "
+                  "retention.keep_rounds).")] = None) -> None:
+    """Delete what the campaign no longer needs, by the retention rules (components.buffer.retention):
+    staging, superseded weights and checkpoints, crash leftovers, rounds past keep_rounds. A dry run
+    unless --apply; refused while the campaign runs."""
+    from components.buffer.retention import apply as apply_plan, plan
+    from components.buffer.state import StateStore, running_line
+
+    opened = _open_buffer(store, campaign)
+    with _store_errors():
+        states = [StateStore(opened.objects, opened.campaign, role).read() for role in ("campaign", "explorer")]
+        states = [s for s in states if s is not None]
+        if not states:
+            _fail(f"{opened.url}: campaign {opened.campaign!r} never ran (no state): nothing to collect")
+        for state in states:
+            if state.alive_elsewhere():
+                _fail(running_line(state))
+        gc_plan = plan(opened, states[0].config, finished=states[0].status == "finished", keep_rounds=keep_rounds)
+        deleted = apply_plan(opened, gc_plan) if apply else 0
+    table = Table(title=f"buffer gc: campaign {opened.campaign} in {opened.url}" + ("" if apply else " (dry run)"))
+    for column in ("kind", "objects", "kept"):
+        table.add_column(column, justify="right" if column == "objects" else "left", overflow="fold")
+    for kind, n, note in gc_plan.rows():
+        table.add_row(kind, str(n), note)
+    Console().print(table)
+    Console().print(f"deleted {deleted} objects" if apply else
+                    f"{gc_plan.total} objects would be deleted; --apply deletes them", highlight=False)
+
+
 ingest_app = typer.Typer(no_args_is_help=True, help="Validate and store human feedback or expert demonstrations.")
 app.add_typer(ingest_app, name="ingest")
 FileArg = Annotated[Path, typer.Argument(help="A JSONL (or Parquet) file, one row per line.")]
@@ -362,7 +418,7 @@ def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, ov
         _fail(str(e))
     outcome = result.report()
     try:
-        outcome["new"] = store_ingested(result, store, cfg.contracts.max_bad_fraction)
+        outcome |= store_ingested(result, store, cfg.contracts.max_bad_fraction)
         outcome["stored"] = True
     except ContractError as e:
         outcome["stored"], outcome["error"] = False, str(e)
@@ -373,14 +429,17 @@ def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, ov
     for key in ("rows", "accepted", "quarantined"):
         table.add_row(key, str(outcome[key]))
     for source, n in outcome["by_source"].items():
-        table.add_row(f"  stored as {source}", str(n) if outcome["stored"] else f"{n} (not stored)")
+        table.add_row(f"  {source}", str(n) if outcome["stored"] else f"{n} (not stored)")
     for reason, n in outcome["reasons"].items():
         table.add_row(f"  {reason}", str(n))
+    if outcome["stored"]:
+        table.add_row("new", str(outcome["new"]))
+        table.add_row("already present", str(outcome["already_present"]))
     Console().print(table)
     if not outcome["stored"]:
         _fail(outcome["error"])
-    if not outcome["new"]:
-        Console().print(f"already ingested (ingest-{outcome['ingest_id']}): nothing new stored")
+    if not outcome["new"] and outcome["accepted"]:
+        Console().print(f"every accepted row was stored before: nothing new stored")
 
 
 @ingest_app.command("feedback")

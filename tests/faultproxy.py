@@ -6,6 +6,7 @@
         proxy.hang()                            # connections are accepted, requests never answered
         proxy.forward()                         # back to normal
         proxy.forward(delay=0.01)               # forwarding, each chunk a client sends held 10 ms first
+                                                # (open connections too)
 
 ``refuse`` also cuts the connections that are open (a client's keep-alive pool sees resets);
 ``slow_down`` reads each request (headers and body) and answers as S3 does when throttling;
@@ -108,8 +109,8 @@ class FaultProxy:
             return
         with self._lock:
             self._open.add(upstream)
-        threading.Thread(target=_pump, args=(upstream, client, 0.0, self), daemon=True).start()
-        _pump(client, upstream, self.delay, self)
+        threading.Thread(target=_pump, args=(upstream, client, False, self), daemon=True).start()
+        _pump(client, upstream, True, self)
 
     def _hang(self, client: socket.socket) -> None:
         try:
@@ -145,12 +146,12 @@ class FaultProxy:
             _close(client)
 
 
-def _pump(source: socket.socket, sink: socket.socket, delay: float = 0.0, proxy: FaultProxy | None = None) -> None:
+def _pump(source: socket.socket, sink: socket.socket, client_side: bool, proxy: FaultProxy) -> None:
     try:
         while chunk := source.recv(65536):
-            if delay:
-                time.sleep(delay)
-            while proxy is not None and proxy.mode == "hang":  # frozen: nothing more goes through
+            if client_side and proxy.delay:  # read per chunk: a slow-down reaches open connections too
+                time.sleep(proxy.delay)
+            while proxy.mode == "hang":  # frozen: nothing more goes through
                 time.sleep(0.1)
             sink.sendall(chunk)
     except OSError:

@@ -89,15 +89,25 @@ def recorded_store(run_dir: str | Path) -> tuple[str, dict[str, Any]]:
     return options.pop("url"), {k: v for k, v in options.items() if k in _WHERE}
 
 
-def campaigns_in(store: ObjectStore) -> list[str]:
+MOVED_ASIDE = re.compile(r"\.moved-\d{8}-\d{6}$")  # ``<campaign>.moved-<UTC time>``: set aside by --restart
+
+
+def campaigns_in(store: ObjectStore, moved_aside: bool = False) -> list[str]:
     """Campaign prefixes in ``store``: top-level names that hold a taskset, experiences (an
-    ingested file may come before the campaign's first run) or state."""
+    ingested file may come before the campaign's first run) or state; those a restart moved
+    aside (``<name>.moved-<time>``) only with ``moved_aside``."""
     names = set()
     for key in store.list(""):
         campaign, _, rest = key.partition("/")
         if rest.split("/", 1)[0] in ("tasksets", "experiences", "state"):
             names.add(campaign)
-    return sorted(names)
+    return sorted(n for n in names if moved_aside or not MOVED_ASIDE.search(n))
+
+
+def moved_aside(store: ObjectStore, campaign: str) -> list[str]:
+    """The earlier runs of ``campaign`` that ``--restart`` moved aside, oldest first."""
+    return [n for n in campaigns_in(store, moved_aside=True) if MOVED_ASIDE.search(n) and
+            n[:MOVED_ASIDE.search(n).start()] == campaign]
 
 
 def round_dir(round_no: int) -> str:

@@ -36,7 +36,7 @@ def _marker_of(key: str) -> str:
 
 
 class ShardError(RuntimeError):
-    """A committed shard whose bytes are not the ones its marker describes."""
+    """A committed shard whose bytes are not the ones its marker describes; one line naming it."""
 
 
 def is_committed(store: ObjectStore, prefix: str, part: int = 0) -> bool:
@@ -84,13 +84,21 @@ def committed_shards(store: ObjectStore, prefix: str) -> list[str]:
 
 
 def read_shard(store: ObjectStore, key: str) -> pa.Table:
-    """Committed shard ``key``, checked against its marker's sha256: two writers racing on one
-    shard (two runs of a campaign at once) could leave one's bytes under the other's marker."""
+    """Committed shard ``key``, checked against its marker (size, sha256): a shard truncated or
+    altered after its commit, or two writers racing on one shard (two runs of a campaign at once),
+    raise ``ShardError`` naming the key and what differs."""
     data, meta = store.get(key), json.loads(store.get(_marker_of(key)))
+    where = f"{store.url}/{key}"
+    if len(data) != meta["bytes"]:
+        raise ShardError(f"shard {where} is corrupt: {len(data)} bytes where its commit marker records "
+                         f"{meta['bytes']} (truncated or replaced after it was committed)")
     if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-        raise ShardError(f"shard {key}: its bytes are not the ones its commit marker describes (sha256); "
-                         "two writers wrote it at once: run one campaign per store prefix at a time")
-    return _decode(data)
+        raise ShardError(f"shard {where} is corrupt: its bytes differ from the sha256 its commit marker records "
+                         "(altered after it was committed, or two runs of one campaign wrote it at once)")
+    try:
+        return _decode(data)
+    except (pa.ArrowException, OSError) as e:  # bytes as committed, yet not Parquet: written so
+        raise ShardError(f"shard {where} is not a readable Parquet file ({str(e).splitlines()[0]})") from None
 
 
 def _decode(data: bytes) -> pa.Table:

@@ -32,7 +32,8 @@ KEEP_GENERATIONS = 20
 OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_seconds", "storage.write_behind",
                     "checkpoint.keep_last", "checkpoint.keep_best", "sync.timeout_seconds", "explorer.base_url",
                     "bench.models", "threads", "task_runs", "task_runs_max_share", "rounds_per_task_run",
-                    "bench.tasksets", "promotion.margin", "promotion.alpha", "promotion.min_accuracy")
+                    "bench.tasksets", "promotion.margin", "promotion.alpha", "promotion.min_accuracy",
+                    "retention.keep_rounds", "retention.after_campaign")
 
 
 class StateConflict(RuntimeError):

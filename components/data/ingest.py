@@ -10,8 +10,11 @@ Row formats (one object per line):
 
 Optional on both: ``task_id``. Every row lands either in the buffer or in quarantine with its
 reason; a file whose bad fraction is above ``contracts.max_bad_fraction`` stores nothing
-(``ContractError``). A file is ingested under ``ingest-<content hash>``, so re-ingesting the
-same file writes nothing new.
+(``ContractError``). Ingest is idempotent by content: a row's ``experience_id`` hashes the whole
+row (kind, prompt, response, rating or correction), and a row whose id is stored already (by any
+earlier file, or earlier in this one) is not stored again, so a file re-sent with rows appended
+adds only the new rows (a different rating of the same response is a new row). A file's new rows
+go under ``ingest-<file hash>``.
 """
 
 from __future__ import annotations
@@ -86,8 +89,11 @@ def _experience(row: Any, kind: str, *, campaign: str, ingest_id: str, row_no: i
                 raise ValueError(f"'rating' {str(rating)[:20]}… is out of range") from None
     tid = _string(row, "task_id", required=False) or task_id(prompt)
     response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    # the row's content, not its place in a file: the same row in a grown file gets the same id
+    content = (kind, prompt, info.get("original_response", response), "correction" if "original_response" in info
+               else "rating" if source == "human" else "", response if "original_response" in info else reward)
     return make_experience(
-        experience_id=experience_id(campaign, "ingest", ingest_id, row_no), campaign=campaign, round=0, task_id=tid,
+        experience_id=experience_id(campaign, "ingest", *content), campaign=campaign, round=0, task_id=tid,
         group_id=f"ingest-{ingest_id}-{row_no}", source=source, prompt=prompt, response=response,
         prompt_ids=encode_prompt(tokenizer, prompt, chat_template), response_ids=response_ids,
         response_mask=[1] * len(response_ids), reward=reward,
@@ -129,21 +135,30 @@ def validate_file(path: str | Path, kind: str, campaign: str, tokenizer, contrac
     return IngestResult(str(path), kind, ingest_id, accepted, quarantined)
 
 
-def store_ingested(result: IngestResult, store: CampaignStore, max_bad_fraction: float) -> bool:
-    """Store an ingested file's accepted rows (by source) and its quarantine, unless more than
-    ``max_bad_fraction`` of its rows are bad (``ContractError``, nothing stored). Idempotent:
-    returns False when its accepted rows were stored before (the same content, ingested again).
-    Its report goes to ``state/ingest-<id>.json``, where the campaign's validation report reads it."""
+def store_ingested(result: IngestResult, store: CampaignStore, max_bad_fraction: float) -> dict[str, int]:
+    """Store an ingested file's accepted rows that are not stored yet (by ``experience_id``, see
+    the module docstring; by source) and its quarantine, unless more than ``max_bad_fraction`` of
+    its rows are bad (``ContractError``, nothing stored). Returns ``{"new": n, "already_present":
+    m}``. The report, with those counts, goes to ``state/ingest-<id>.json``, where the campaign's
+    validation report reads it."""
     enforce(Verdict(result.accepted, result.quarantined), max_bad_fraction, f"file {result.file}",
             label=lambda row: f"{result.file}:{json.loads(row['info'])['row']}")
-    new = False
+    stored = {*store.read_expert().column("experience_id").to_pylist(),
+              *store.read_human().column("experience_id").to_pylist()}
+    keep = []
+    for i, eid in enumerate(result.accepted.column("experience_id").to_pylist()):
+        if eid not in stored:
+            keep.append(i)
+            stored.add(eid)  # a row repeated within the file is stored once too
+    new = result.accepted.take(pa.array(keep, pa.int64()))
     for source in ("expert", "human"):
-        rows = result.accepted.filter(pc.equal(result.accepted.column("source"), source))
+        rows = new.filter(pc.equal(new.column("source"), source))
         if rows.num_rows:
-            new |= store.write_ingested(source, result.ingest_id, rows)
+            store.write_ingested(source, result.ingest_id, rows)
     store.write_quarantine(ingest_dir(result.ingest_id), result.quarantined)
-    store.write_state(ingest_dir(result.ingest_id), result.report())  # for the campaign's validation report
-    return new or result.accepted.num_rows == 0
+    counts = {"new": new.num_rows, "already_present": result.accepted.num_rows - new.num_rows}
+    store.write_state(ingest_dir(result.ingest_id), {**result.report(), **counts})  # for the validation report
+    return counts
 
 
 __all__ = ["INGEST_KINDS", "IngestResult", "store_ingested", "validate_file"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from components.buffer.layout import CampaignStore
 from components.buffer.sampling import expert_pool
 from components.campaign import Campaign
 from flows.cli import app
@@ -62,4 +63,13 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
     # a second ingest of the same file stores nothing new
     again = CliRunner().invoke(app, args, terminal_width=200)
     assert again.exit_code == 0 and campaign.store.read_kind("human").num_rows == 10
-    assert f"already ingested (ingest-{outcome['ingest_id']}): nothing new stored" in again.output
+    assert "every accepted row was stored before: nothing new stored" in again.output
+    assert json.loads(report.read_text())["new"] == 0 and json.loads(report.read_text())["already_present"] == 11
+    # the file re-sent with one row appended (and one rated again, differently): only those are stored
+    rows += [{"prompt": "3 + 4 =", "response": "7", "rating": 1.0}, {"prompt": "1 + 1 =", "response": "2", "rating": 0.0}]
+    feedback.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    grown = CliRunner().invoke(app, args, terminal_width=200)
+    assert grown.exit_code == 0, grown.output
+    assert (json.loads(report.read_text())["new"], json.loads(report.read_text())["already_present"]) == (2, 11)
+    human = CampaignStore(campaign.store.objects, "fb").read_kind("human")
+    assert human.num_rows == 12 and len(set(human.column("experience_id").to_pylist())) == 12

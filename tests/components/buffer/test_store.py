@@ -107,8 +107,21 @@ def test_a_shard_overwritten_after_its_commit_fails_loudly_on_read(store):
     sink = io.BytesIO()
     pq.write_table(pa.table({"x": [7]}), sink)
     store.put(key, sink.getvalue())
-    with pytest.raises(ShardError, match=r"race/round=1/part-00000.parquet: its bytes are not the ones"):
+    with pytest.raises(ShardError, match=r"race/round=1/part-00000.parquet is corrupt: \d+ bytes where its commit "
+                                         r"marker records \d+ \(truncated or replaced"):
         read_committed(store, "race")
+
+
+def test_a_shard_truncated_or_altered_after_its_commit_is_named_with_what_differs(store):
+    key = write_shard(store, "cut/round=1", pa.table({"x": list(range(100))}))
+    data = store.get(key)
+    store.put(key, data[: len(data) // 2])
+    with pytest.raises(ShardError, match=rf"{key} is corrupt: {len(data) // 2} bytes where its commit marker records "
+                                         rf"{len(data)} \(truncated"):
+        read_committed(store, "cut")
+    store.put(key, data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
+    with pytest.raises(ShardError, match=rf"{key} is corrupt: its bytes differ from the sha256"):
+        read_committed(store, "cut")
 
 
 def test_missing_key_raises_key_error_naming_the_key(store):

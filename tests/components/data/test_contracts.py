@@ -205,8 +205,9 @@ def test_feedback_corpus_is_quarantined_with_reasons_and_stored_once(tiny, tmp_p
     assert correction["response"] == "8" and json.loads(correction["info"])["original_response"] == "9"
 
     store = CampaignStore(open_store((tmp_path / "store").as_uri()), "c")
-    assert store_ingested(result, store, contracts.max_bad_fraction) is True
-    assert store_ingested(result, store, contracts.max_bad_fraction) is False  # same file again: no duplicates
+    assert store_ingested(result, store, contracts.max_bad_fraction) == {"new": 3, "already_present": 0}
+    # the same file again: no duplicates
+    assert store_ingested(result, store, contracts.max_bad_fraction) == {"new": 0, "already_present": 3}
     assert store.read_kind("human").num_rows == 2 and store.read_kind("quarantine").num_rows == 11
     # demonstrations the trainer samples: the correction, plus the human row rated ≥ 1.0
     assert sorted(expert_pool(store, 1.0).column("response").to_pylist()) == ["7", "8"]
