@@ -79,20 +79,22 @@ def _replayable(table, uses: dict[str, int], limit: int, bound: int | None, vers
 
 def _needed_from(store: CampaignStore, oldest: dict[str, Any] | None, config: dict[str, Any]) -> int | None:
     """The oldest round of explorer experiences that a resume from ``oldest`` (a kept checkpoint's
-    ``campaign.json``), or a replay after it, may read; None when there is nothing to resume."""
+    ``campaign.json``) may read: every round after its own (redone, their stored rows reused), and
+    before it, from the FIFO cursor on or (replay) each round with a group a replay may still
+    draw. None when there is nothing to resume."""
     if oldest is None:
         return None
-    state = oldest["buffer_state"]
-    cursor = (state.get("fifo_cursor") or {}).get("shard", "")
-    needed = shard_order(cursor)[0] if cursor else 1
-    if config["buffer"]["sampling"] == "replay":
-        uses = state.get("replay_uses") or {}
-        limit, bound = config["buffer"]["reuse_limit"], config["algorithm"].get("max_staleness")
-        committed = _rounds(store.usual_shards())
-        for round_no in sorted(r for r in committed if r < needed):
-            if any(_replayable(store.shard(k), uses, limit, bound, oldest["weight_version"]) for k in committed[round_no]):
-                return round_no
-    return needed
+    state, after = oldest["buffer_state"], oldest["round"] + 1
+    if config["buffer"]["sampling"] != "replay":
+        cursor = (state.get("fifo_cursor") or {}).get("shard", "")
+        return min(after, shard_order(cursor)[0] if cursor else 1)
+    uses = state.get("replay_uses") or {}
+    limit, bound = config["buffer"]["reuse_limit"], config["algorithm"].get("max_staleness")
+    committed = _rounds(store.usual_shards())
+    for round_no in sorted(r for r in committed if r < after):
+        if any(_replayable(store.shard(k), uses, limit, bound, oldest["weight_version"]) for k in committed[round_no]):
+            return round_no
+    return after
 
 
 def plan(store: CampaignStore, config: dict[str, Any], *, finished: bool, keep_rounds: int | None = None) -> GcPlan:

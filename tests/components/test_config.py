@@ -21,6 +21,22 @@ def test_unknown_key_is_named(tmp_path):
         load_config(path)
 
 
+def test_an_error_names_its_source_the_set_or_the_file_and_a_yaml_error_its_line_and_column(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: ok\ntrainer:\n  lr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"^--set trainer\.lrr=1: unknown config key 'trainer\.lrr'$"):
+        load_config(path, ["trainer.lrr=1"])
+    with pytest.raises(ConfigError, match=r"^--set trainer=\{lr: -1\}: config key 'trainer\.lr'"):
+        load_config(path, ["rounds=2", "trainer={lr: -1}"])  # a section set whole
+    path.write_text("name: ok\ntrainer:\n  lr: -1\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: config key 'trainer\.lr'"):
+        load_config(path, ["rounds=2"])  # the file's value, not the --set's
+    path.write_text("name: ok\ntrainer:\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:4:1: not valid YAML \(expected ',' or '\]', but got '<stream end>'; "
+                                          r"while parsing a flow sequence at 3:7\)$"):
+        load_config(path)
+
+
 def test_wrong_type_is_named_with_the_value():
     with pytest.raises(ConfigError, match=r"config key 'rounds'.*got 'many'"):
         load_config(None, ["rounds=many"])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401
 import pytest
 import torch
 
@@ -75,9 +77,34 @@ def test_openai_engine_logprobs_agree_with_the_trainer_and_weights_reload_in_pla
     assert max(abs(a - b) for x, y in zip(before, ours) for a, b in zip(x, y)) > 10 * LOGPROB_TOLERANCE  # they moved
 
 
+@needs_server
+@pytest.mark.slow
+def test_a_whole_campaign_explores_with_the_openai_engine_and_syncs_the_server(server, prefect_api, tmp_path,
+                                                                              default_config, small):
+    from mlflow import MlflowClient
+
+    from components.buffer.layout import CampaignStore
+    from components.buffer.store import open_store
+    from flows.campaign import rft_campaign
+
+    overrides = [*small, "name=served", "explorer.engine=openai", f"explorer.base_url={server}",
+                 "explorer.served_model=tiny"]
+    summary = rft_campaign(str(default_config), str(tmp_path), overrides=overrides)
+    usual = CampaignStore(open_store((tmp_path / "store").as_uri()), "served").read_kind("usual")
+    per_round = usual.group_by("round").aggregate([([], "count_all")]).to_pylist()
+    assert sorted((r["round"], r["count_all"]) for r in per_round) == [(1, 16), (2, 16)]
+    # rows carry the server's behaviour log-probs, sampled with the weights synced after each round
+    assert usual.filter(pa.compute.equal(usual.column("round"), 2)).column("model_version").unique().to_pylist() == [2]
+    assert all(len(lp) == len(ids) > 0 for lp, ids in zip(usual.column("response_logprobs").to_pylist(),
+                                                         usual.column("response_ids").to_pylist()))
+    client = MlflowClient(summary["mlflow_tracking_uri"])
+    assert client.get_run(summary["mlflow_run_id"]).info.status == "FINISHED"
+    assert summary["eval_accuracy_after"] is not None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the in-process vLLM engine needs a GPU (none here)")
 def test_vllm_engine_logprobs_agree_with_the_trainer(tiny):
-    pytest.importorskip("vllm", reason="the `vllm` extra is not installed")
+    pytest.importorskip("vllm", reason="vLLM is not installed in this environment (pip install vllm, on a GPU machine)")
     from components.explore.engines import VLLMRolloutEngine
     from components.explore.models import resolve_model_path
 
