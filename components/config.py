@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from components.algorithms.aggregation import AggMode
 from components.algorithms.presets import PRESET_NAMES, Algorithm, resolve
 from components.buffer.store import redact_url
+
+
+URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 
 
 class ConfigError(ValueError):
@@ -505,7 +509,7 @@ def _source_of(error: ValidationError, where: str, overrides: Sequence[str]) -> 
     for assignment in reversed(overrides):
         key = assignment.partition("=")[0].strip().split(".")
         if loc and loc[:len(key)] == key:
-            return f"--set {assignment}"
+            return f"--set {URL_USERINFO.sub('***@', assignment)}"  # a URL's user:password never reaches a message
     return where
 
 

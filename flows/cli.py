@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import signal
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
@@ -188,7 +189,9 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
         last = checkpoints[-1] if checkpoints else None
         table = Table(title=f"campaign {state.campaign} in {opened.url}", show_header=False)
         rows = [
-            ("status", state.status + (" (its process is alive)" if state.alive_elsewhere() else "")),
+            ("status", state.status + (" (its process is alive)" if state.alive_elsewhere() else
+                                       " (its process is gone: killed? the same command resumes it)"
+                                       if state.status == "running" else "")),
             ("rounds done", f"{state.rounds_done} of {rounds}"),
             ("last stage", f"{state.stage} of round {state.round}" if state.stage else "none"),
             ("last checkpoint", f"{opened.checkpoint_prefix(last['version'])} (round {last['round']}, {last.get('created_at')})"
@@ -464,13 +467,30 @@ def main() -> None:
     interpreter's exit collects several more times (3–4 s) before the OS frees the memory anyway:
     frozen objects are left out of both. Reference counting frees memory as before. ``run``,
     ``promote`` and the ingest commands switch the collector back on once loaded
-    (``_collector_on``); the short commands (status, buffer, up, down) end without it."""
+    (``_collector_on``); the short commands (status, buffer, up, down) end without it.
+
+    The commands that only read or write the store (``NOTHING_TO_FINALIZE``) leave with
+    ``os._exit`` once their output is flushed: at the interpreter's teardown pyarrow's native
+    thread pools can abort the process (``terminate called without an active exception``, exit
+    -6, after the command's work was done: apache/arrow#34314), and there is nothing of theirs to
+    finalize (no server, no background writer, no atexit work)."""
     gc.disable()
+    code = 0
     try:
         app()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         gc.freeze()
         gc.enable()
+    if len(sys.argv) > 1 and sys.argv[1] in NOTHING_TO_FINALIZE:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+NOTHING_TO_FINALIZE = ("status", "buffer", "ingest", "config")
 
 
 def _collector_on() -> None:

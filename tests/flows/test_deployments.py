@@ -148,6 +148,6 @@ def test_a_deployment_run_with_a_bad_override_fails_at_the_gate_in_one_line(serv
     run = run_deployment(servers, "rft_campaign/rft-campaign", {"run_dir": str(run_dir),
                                                                 "overrides": ["trainer.lr=-1"]})
     assert run.state.type.value == "FAILED"
-    assert run.state.message == ("configs/arith-mix.yaml: config key 'trainer.lr': Input should be greater than 0 "
-                                 "(got -1)")  # the CLI's line
+    assert run.state.message == ("--set trainer.lr=-1: config key 'trainer.lr': Input should be greater than 0 "
+                                 "(got -1)")  # the CLI's line, naming the override that set it
     assert not run_dir.exists()
