@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import flows  # noqa: F401  (quiet service defaults)
-from components.algorithms.presets import PRESET_NAMES
-from components.campaign import Campaign
-from components.config import load_config
+import rftflow.flows  # noqa: F401  (quiet service defaults)
+from rftflow.components.algorithms.presets import PRESET_NAMES
+from rftflow.components.campaign import Campaign
+from rftflow.components.config import load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
 

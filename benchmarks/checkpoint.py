@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.s3server (the moto helper the tests use)
 
-import flows  # noqa: E402,F401  (quiet service defaults)
-from components.campaign import Campaign  # noqa: E402
-from components.tracking import Tracker  # noqa: E402
+import rftflow.flows  # noqa: E402,F401  (quiet service defaults)
+from rftflow.components.campaign import Campaign  # noqa: E402
+from rftflow.components.tracking import Tracker  # noqa: E402
 
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
 

@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import flows  # noqa: F401  (quiet service defaults)
-from components import campaign as campaign_module
-from components.campaign import Campaign
-from components.config import load_config
+import rftflow.flows  # noqa: F401  (quiet service defaults)
+from rftflow.components import campaign as campaign_module
+from rftflow.components.campaign import Campaign
+from rftflow.components.config import load_config
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
 

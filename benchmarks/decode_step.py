@@ -19,7 +19,7 @@ from statistics import median
 
 import torch
 
-import flows  # noqa: F401  (quiet library defaults)
+import rftflow.flows  # noqa: F401  (quiet library defaults)
 
 
 def main() -> None:
@@ -41,9 +41,9 @@ def main() -> None:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    from components.explore import decode
-    from components.explore.engines import HFRolloutEngine
-    from components.explore.models import load_model
+    from rftflow.components.explore import decode
+    from rftflow.components.explore.engines import HFRolloutEngine
+    from rftflow.components.explore.models import load_model
 
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     model.to(args.device).eval()

@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flows  # noqa: E402,F401  (quiet service defaults)
-from components.preflight import preflight  # noqa: E402
-from components.run import CampaignRun  # noqa: E402
-from infra.vllm_server import VLLM_VENV, vllm_available, vllm_server  # noqa: E402
+import rftflow.flows  # noqa: E402,F401  (quiet service defaults)
+from rftflow.components.preflight import preflight  # noqa: E402
+from rftflow.components.run import CampaignRun  # noqa: E402
+from rftflow.infra.vllm_server import VLLM_VENV, vllm_available, vllm_server  # noqa: E402
 
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
 
@@ -61,7 +61,7 @@ def main() -> None:
         results["async"] = timed_campaign(Path(work), "async", [*base, f"threads={max(1, cores // 2)}",
                                                                 "sync.offset=1"], "async")
         if vllm_available():  # the explorer samples from a vLLM CPU server (weights reloaded after each sync)
-            from components.explore.models import resolve_model_path
+            from rftflow.components.explore.models import resolve_model_path
 
             with vllm_server(resolve_model_path("builtin:tiny"), served_model="tiny", threads=max(1, cores // 2),
                              log=Path(work) / "vllm.log", eager=False) as url:  # compiled: serving speed counts here

@@ -35,12 +35,12 @@ from pathlib import Path
 
 os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")  # not the task runs' INFO lines
 
-import flows  # noqa: E402,F401  (quiet service defaults)
-from components import campaign as campaign_module
-from components.campaign import ROUND, Campaign
-from components.explore.engines import HFRolloutEngine
-from components.run import CampaignRun, task_run_span
-from components.train.trainer import Trainer
+import rftflow.flows  # noqa: E402,F401  (quiet service defaults)
+from rftflow.components import campaign as campaign_module
+from rftflow.components.campaign import ROUND, Campaign
+from rftflow.components.explore.engines import HFRolloutEngine
+from rftflow.components.run import CampaignRun, task_run_span
+from rftflow.components.train.trainer import Trainer
 from vs_trl import LR as TRL_LR, WORK as TRL_WORK  # benchmarks/ is on sys.path when a script in it runs
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
@@ -120,8 +120,8 @@ class Timers:
 
 
 def measure(setting: str, args: argparse.Namespace) -> None:
-    from flows.campaign import rft_campaign
-    from flows.prefect_api import embedded_prefect_api
+    from rftflow.flows.campaign import rft_campaign
+    from rftflow.flows.prefect_api import embedded_prefect_api
 
     overrides = [f"name=overhead-{setting}", f"rounds={args.rounds}", f"trainer.warmup_steps={args.warmup_steps}",
                  "promotion.after_campaign=false", *SETTINGS[setting], *args.set]

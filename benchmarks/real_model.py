@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from mlflow import MlflowClient
 
-import flows  # noqa: F401  (quiet service defaults)
-from components.preflight import preflight
-from components.run import CampaignRun
+import rftflow.flows  # noqa: F401  (quiet service defaults)
+from rftflow.components.preflight import preflight
+from rftflow.components.run import CampaignRun
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "smollm2-arith.yaml"
 # CPU: a 135M model samples ~3 responses/s and trains ~1 sequence/s on 2 cores

@@ -28,9 +28,9 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.s3server (the moto helper the tests use)
 
-from components.data.experience import SCHEMA  # noqa: E402
-from components.buffer.shards import committed_shards, read_committed, write_shard  # noqa: E402
-from components.buffer.store import open_store  # noqa: E402
+from rftflow.components.data.experience import SCHEMA  # noqa: E402
+from rftflow.components.buffer.shards import committed_shards, read_committed, write_shard  # noqa: E402
+from rftflow.components.buffer.store import open_store  # noqa: E402
 
 
 def _lists(lengths: np.ndarray, values: np.ndarray) -> pa.ListArray:

@@ -88,15 +88,15 @@ def peak_rss_mb() -> float:
 
 def taskset_and_reward(cfg):
     """The taskset splits and the reward function rftflow's campaign would use."""
-    from components.data.tasksets import load_tasks
-    from components.explore.rewards import make_reward_fn
+    from rftflow.components.data.tasksets import load_tasks
+    from rftflow.components.explore.rewards import make_reward_fn
 
     return load_tasks(cfg.taskset, cfg.seed, cfg.contracts), make_reward_fn(cfg.reward.function, cfg.taskset.source)
 
 
 def accuracy(model, tokenizer, cfg, tasks, reward_fn) -> float:
-    from components.explore import explorer
-    from components.explore.engines import HFRolloutEngine
+    from rftflow.components.explore import explorer
+    from rftflow.components.explore.engines import HFRolloutEngine
 
     return explorer.evaluate(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)["eval/accuracy"]
 
@@ -154,7 +154,7 @@ def side_replay(cfg, args) -> dict:
     weight difference after any step against the size of one TRL step, and both accuracies."""
     import torch
 
-    from components.train.trainer import Trainer
+    from rftflow.components.train.trainer import Trainer
 
     trainer, tokenizer, taskset, reward_fn = trl_trainer(cfg, args)
     batches, weights = [], []
@@ -193,7 +193,7 @@ def side_replay(cfg, args) -> dict:
 
 
 def side_loop(cfg, args) -> dict:
-    from components.campaign import Campaign
+    from rftflow.components.campaign import Campaign
 
     with tempfile.TemporaryDirectory() as run_dir:
         campaign = Campaign(cfg, run_dir)
@@ -250,7 +250,7 @@ def apart_role(cfg, args) -> dict:
     """One process of ``side_apart``: ``--role train`` prepares, publishes the start weights, then
     trains and publishes each round once the explorer has committed it; ``--role explore`` waits for
     the taskset, then explores, verifies and stores each round with the newest weights it may use."""
-    from components.campaign import Campaign
+    from rftflow.components.campaign import Campaign
 
     with tempfile.TemporaryDirectory() as run_dir:
         campaign = Campaign(cfg, run_dir)
@@ -276,7 +276,7 @@ def side_flow(cfg, args, *more: str) -> dict:
         sets = [a for o in [*overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads, args.lr), *more]
                 for a in ("--set", o)]
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(CONFIG), "--run-dir", run_dir,
+        done = subprocess.run([sys.executable, "-m", "rftflow.flows.cli", "run", str(CONFIG), "--run-dir", run_dir,
                                *sets], capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - start
         if done.returncode:
@@ -285,7 +285,7 @@ def side_flow(cfg, args, *more: str) -> dict:
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         from mlflow import MlflowClient
 
-        from components.run import task_run_span
+        from rftflow.components.run import task_run_span
 
         lengths = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history(summary["mlflow_run_id"],
                                                                                   "explore/response_len")
@@ -297,8 +297,8 @@ def side_flow(cfg, args, *more: str) -> dict:
 
 def make_warm_start(model_dir: str, args) -> float:
     """``builtin:tiny`` after 1000 SFT steps on demonstrations (rftflow's warm start), saved to ``model_dir``."""
-    from components.campaign import Campaign
-    from components.config import load_config
+    from rftflow.components.campaign import Campaign
+    from rftflow.components.config import load_config
 
     cfg = load_config(CONFIG, ["name=vs-trl-warm", f"seed={args.seed}", "trainer.warmup_steps=1000",
                                f"threads={args.threads}", "algorithm.name=grpo", "buffer.expert_per_round=0"])
@@ -315,8 +315,8 @@ def child(args) -> None:
     """One side, in this process: prints one JSON line."""
     import torch
 
-    import flows  # noqa: F401  (quiet service defaults)
-    from components.config import load_config
+    import rftflow.flows  # noqa: F401  (quiet service defaults)
+    from rftflow.components.config import load_config
 
     torch.set_num_threads(args.threads)
     role = [f"mode={args.role}", "sync.method=checkpoint", "sync.offset=1",
@@ -379,8 +379,8 @@ def main() -> None:
         args.tokens = int(args.tokens)
         return child(args)
 
-    import flows  # noqa: F401
-    from components.explore.models import resolve_model_path
+    import rftflow.flows  # noqa: F401
+    from rftflow.components.explore.models import resolve_model_path
 
     sides = args.sides.split(",")
     with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as warm_dir:

@@ -30,9 +30,9 @@ def run_rounds(args) -> None:
     """One run, in this process: prints ``RESULT <ms per round>``."""
     import torch
 
-    import flows  # noqa: F401  (quiet service defaults)
+    import rftflow.flows  # noqa: F401  (quiet service defaults)
     from benchmarks.vs_trl import CONFIG, overrides
-    from components.campaign import Campaign
+    from rftflow.components.campaign import Campaign
 
     torch.set_num_threads(args.threads)
     store = [f"storage.url={args.url}", "storage.addressing_style=path"] if args.url else []

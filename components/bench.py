@@ -15,14 +15,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from components.buffer.layout import CampaignStore, open_run_store
-from components.data.tasksets import Task, load_tasks
-from components.explore import explorer
-from components.explore.engines import HFRolloutEngine
-from components.explore.models import load_model, resolve_model_path
-from components.explore.rewards import make_reward_fn
-from components.preflight import Preflight
-from components.tracking import Tracker
+from rftflow.components.buffer.layout import CampaignStore, open_run_store
+from rftflow.components.data.tasksets import Task, load_tasks
+from rftflow.components.explore import explorer
+from rftflow.components.explore.engines import HFRolloutEngine
+from rftflow.components.explore.models import load_model, resolve_model_path
+from rftflow.components.explore.rewards import make_reward_fn
+from rftflow.components.preflight import Preflight
+from rftflow.components.tracking import Tracker
 
 
 class BenchModelError(ValueError):

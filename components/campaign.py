@@ -26,22 +26,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from components.buffer.layout import CampaignStore, campaigns_in, open_run_store, round_dir
-from components.buffer.sampling import Sampler, informative_groups
-from components.buffer.selectors import PassRates, measured_rewards, select_tasks
-from components.config import CampaignConfig
-from components.data.contracts import ContractBounds, ContractError, check_experiences, enforce
-from components.data.pipelines import run_pipeline
-from components.data.report import ValidationEntry
-from components.data.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
-from components.explore import explorer
-from components.explore.engines import make_engine
-from components.explore.models import load_model
-from components.explore.rewards import make_reward_fn
-from components.explore.sync import MemoryWeightSync, StoreWeightSync
-from components.preflight import Preflight, preflight
-from components.train.checkpoints import load_trainer, save_trainer
-from components.train.trainer import Trainer
+from rftflow.components.buffer.layout import CampaignStore, campaigns_in, open_run_store, round_dir
+from rftflow.components.buffer.sampling import Sampler, informative_groups
+from rftflow.components.buffer.selectors import PassRates, measured_rewards, select_tasks
+from rftflow.components.config import CampaignConfig
+from rftflow.components.data.contracts import ContractBounds, ContractError, check_experiences, enforce
+from rftflow.components.data.pipelines import run_pipeline
+from rftflow.components.data.report import ValidationEntry
+from rftflow.components.data.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
+from rftflow.components.explore import explorer
+from rftflow.components.explore.engines import make_engine
+from rftflow.components.explore.models import load_model
+from rftflow.components.explore.rewards import make_reward_fn
+from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync
+from rftflow.components.preflight import Preflight, preflight
+from rftflow.components.train.checkpoints import load_trainer, save_trainer
+from rftflow.components.train.trainer import Trainer
 
 ROUND = ("explore", "verify", "buffer", "train", "sync")  # a round's stages, in order: one method each
 # buffer state a checkpoint restores: the trainer's (sampling cursors) and the explorer's (pass rates)
@@ -133,7 +133,7 @@ class Campaign:
         self.store.write_tasks("train", train_table)
         self.store.write_tasks("eval", tasks_to_table(taskset.held_out))
         train = tasks_from_table(train_table)
-        if fresh:  # the rounds' tasks are these: no reading back what was just written (~1 s for 50k tasks)
+        if fresh:  # the rounds' tasks are these: no reading back what was just written (slow for large tasksets)
             self.__dict__["train_tasks"] = train
         expert = explorer.expert_demonstrations(self.engine, train, campaign=cfg.name,
                                                 limit=cfg.taskset.expert_tasks or None)

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from components.algorithms.aggregation import AggMode
-from components.algorithms.presets import PRESET_NAMES, Algorithm, resolve
-from components.buffer.store import redact_url
+from rftflow.components.algorithms.aggregation import AggMode
+from rftflow.components.algorithms.presets import PRESET_NAMES, Algorithm, resolve
+from rftflow.components.buffer.store import redact_url
 
 
 URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
@@ -34,6 +34,8 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
+    """The policy model: where it is read from and in which dtype."""
+
     path: str = Field("builtin:tiny", description="`builtin:tiny`, `builtin:smollm2-135m-instruct` (the `smollm2` "
                       "extra), a local Hugging Face model directory, or a GGUF file (or a directory with one).")
     allow_download: bool = Field(False, description="Allow a hub id in `path` (off: offline machines are normal).")
@@ -42,6 +44,8 @@ class ModelConfig(_Section):
 
 
 class TasksetConfig(_Section):
+    """Where the tasks come from, how many, how they become prompts, and the held-out split."""
+
     source: str = Field(
         "reasoning_gym:chain_sum",
         description="`reasoning_gym:<dataset>` or a path to a .jsonl/.parquet file of tasks.",
@@ -68,6 +72,8 @@ class TasksetConfig(_Section):
 
 
 class RewardConfig(_Section):
+    """How a response is scored against its task's answer."""
+
     function: Literal["score_answer", "exact_match", "math_verify"] = Field(
         "score_answer",
         description="`score_answer`: the reasoning-gym dataset's own verifier (exact match for file tasksets); "
@@ -77,6 +83,8 @@ class RewardConfig(_Section):
 
 
 class ExplorerConfig(_Section):
+    """The explorer: which tasks each round, how many responses each, how they are sampled and on which rollout engine."""
+
     tasks_per_round: int = Field(32, gt=0, description="Tasks sampled per round.")
     repeat_times: int = Field(8, gt=0, description="Responses per task: the GRPO group size.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 keeps log-probs on-policy).")
@@ -172,6 +180,8 @@ class AlgorithmConfig(_Section):
 
 
 class TrainerConfig(_Section):
+    """The optimizer (AdamW), its learning-rate schedule, micro-batches, epochs and the warm start."""
+
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
@@ -191,6 +201,8 @@ class TrainerConfig(_Section):
 
 
 class CheckpointConfig(_Section):
+    """When checkpoints are written, and how many are kept."""
+
     every: int = Field(
         10, gt=0, description="Checkpoint every k rounds (and after the warm start and the last round): weights, "
         "optimizer, RNG and buffer state in the store and the MLflow run; a stopped campaign resumes from the newest.",
@@ -201,6 +213,8 @@ class CheckpointConfig(_Section):
 
 
 class SyncConfig(_Section):
+    """How and when the trainer's weights reach the explorer."""
+
     method: Literal["memory", "checkpoint"] = Field(
         "memory", description="How new weights reach the explorer: `memory` (one process: copied in place) or "
         "`checkpoint` (published to the store as weights/vNNNNNN; the explorer loads a newer version when it "
@@ -219,6 +233,8 @@ class SyncConfig(_Section):
 
 
 class BenchConfig(_Section):
+    """`mode: bench`: the models and tasksets to evaluate."""
+
     models: list[str] = Field(
         default_factory=list, description="`mode: bench`: the models to evaluate: checkpoints of this campaign by "
         "weight version (`checkpoint:12` = checkpoints/v000012, `checkpoint:latest`), model directories, `builtin:tiny`, or registered "
@@ -231,11 +247,15 @@ class BenchConfig(_Section):
 
 
 class EvalConfig(_Section):
+    """Greedy evaluation on the held-out split."""
+
     every: int = Field(5, gt=0, description="Greedy held-out evaluation every k rounds (and before/after).")
     max_new_tokens: int = Field(16, gt=0, description="Longest greedy answer, in tokens.")
 
 
 class ContractsConfig(_Section):
+    """The data contracts: the bounds every row must keep, and the share of bad rows a batch may hold."""
+
     max_bad_fraction: float = Field(
         0.1, ge=0, le=1, description="A batch (task file, round, ingested file) with a larger share of rows that "
         "break their contract fails its stage; below it, bad rows are quarantined with the reason and the run goes on.",
@@ -248,6 +268,8 @@ class ContractsConfig(_Section):
 
 
 class PipelinesConfig(_Section):
+    """Operators applied to the tasks when the campaign is prepared and to each round's accepted experiences."""
+
     tasks: list[dict[str, Any]] = Field(
         default_factory=list, description="Task pipeline, applied in order to the train split when the campaign "
         "is prepared: steps like `{op: normalize}`, `{op: length_filter, max_chars: 200}`, `{op: dedupe}`, "
@@ -261,6 +283,8 @@ class PipelinesConfig(_Section):
 
 
 class BufferConfig(_Section):
+    """What the trainer samples each round: explorer rows (FIFO or replay) and expert rows."""
+
     sampling: Literal["fifo", "replay"] = Field(
         "fifo", description="`fifo`: train on the oldest unconsumed explorer experiences, once each (on-policy; "
         "the cursor is kept in the store). `replay`: sample whole groups by priority = weight version − "
@@ -288,6 +312,8 @@ class BufferConfig(_Section):
 
 
 class StorageConfig(_Section):
+    """The object store of experiences, checkpoints and state (`file://` or `s3://`), and how it is reached."""
+
     url: str | None = Field(
         None, description="Object store URL: `file:///dir` or `s3://bucket/prefix`; default `file://<run dir>/store`."
     )
@@ -343,6 +369,8 @@ class RetentionConfig(_Section):
 
 
 class PromotionConfig(_Section):
+    """The champion/challenger rule of `rftflow promote` and the campaign's last step."""
+
     margin: float = Field(0.02, ge=0, description="`rftflow promote`: the least held-out accuracy gain over the "
                           "champion that can move the `champion` alias.")
     alpha: float = Field(0.05, gt=0, lt=1, description="`rftflow promote`: significance level of the one-sided exact "
@@ -354,6 +382,8 @@ class PromotionConfig(_Section):
 
 
 class TrackingConfig(_Section):
+    """Where MLflow keeps the campaign's run and its registered model."""
+
     uri: str | None = Field(None, description="MLflow tracking URI (`sqlite:///…` or a server, `http://host:5000`); "
                             "default: `MLFLOW_TRACKING_URI` if set, else `sqlite:///<run dir>/mlflow.db`.")
     experiment: str = Field("rftflow", description="MLflow experiment name.")
@@ -366,8 +396,8 @@ class CampaignConfig(_Section):
     rounds: int = Field(10, gt=0, description="Explore → verify → buffer → train → sync rounds.")
     threads: int | None = Field(
         None, gt=0, description="Torch CPU threads of this process (None: torch's default, every core). Two "
-        "processes on one machine (`mode: explore` + `mode: train`) each take their share: on 2 cores, two processes "
-        "with the default threads ran a warm start about 50× slower than one.",
+        "processes on one machine (`mode: explore` + `mode: train`) must each take their share: two processes "
+        "that each use every core thrash, many times slower than one.",
     )
     mode: Literal["both", "async", "explore", "train", "bench"] = Field(
         "both", description="`both`: explorer and trainer in turn, in one process; `async`: in one process, the "
@@ -384,8 +414,8 @@ class CampaignConfig(_Section):
         "this attempt's first round, then one per stage while Prefect's share of that round's time stays within "
         "`task_runs_max_share`, else one per k rounds (`round[r=2-5]`, a log line per round; k the fewest that "
         "bring a task run's cost under a quarter of `task_runs_max_share`, at most 5 s of rounds; an evaluation "
-        "or checkpoint ends one) (mode `async`: always one per stage). A task run costs Prefect ~5 ms on 2 "
-        "cores: nothing next to rounds of seconds, a third of TRL-sized rounds of ~70 ms.",
+        "or checkpoint ends one) (mode `async`: always one per stage). A task run costs Prefect milliseconds: "
+        "nothing next to rounds of seconds, a large share of rounds of tens of milliseconds.",
     )
     rounds_per_task_run: int | None = Field(
         None, ge=1, description="Rounds one task run spans when task runs are per round (`task_runs: round`, or "
@@ -468,6 +498,24 @@ MOVED_KEYS = {
 }
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # rftflow.configs, package data
+
+
+def shipped_configs() -> list[str]:
+    """The names of the campaign configs that ship with rftflow (``arith-mix``, …)."""
+    return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.yaml"))
+
+
+def config_path(source: str | Path) -> Path:
+    """A config file: ``source`` itself when it names a file, else a shipped config by its name
+    (``arith-grpo`` or ``arith-grpo.yaml``), found from any directory."""
+    path = Path(source)
+    shipped = SHIPPED_CONFIGS / path.with_suffix(".yaml").name
+    if not path.is_file() and path.parent == Path(".") and shipped.is_file():
+        return shipped
+    return path
+
+
 def cache_dir() -> Path:
     """Where rftflow keeps what it builds once per machine (built-in models, an empty MLflow store):
     ``$RFTFLOW_CACHE_DIR`` or ``~/.cache/rftflow``."""
@@ -540,9 +588,9 @@ def load_config(source: CampaignConfig | Mapping[str, Any] | str | Path | None =
     elif isinstance(source, Mapping):
         data, where = copy.deepcopy(dict(source)), "<config>"
     elif source is not None:
-        p, where = Path(source), str(source)
+        p, where = config_path(source), str(source)
         if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
+            raise ConfigError(f"config file not found: {p}; shipped configs: {', '.join(shipped_configs())}")
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.MarkedYAMLError as e:  # line and column, 1-based, as editors number them

@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from components.algorithms import Algorithm
-from components.buffer.layout import run_store_url
-from components.buffer.state import AlreadyRunning, CampaignState, StateStore, config_changes, running_line, state_role
-from components.buffer.store import open_store, parse_store_url, redact_url, store_options
-from components.config import CampaignConfig, ConfigError, load_config
-from components.data.pipelines import check_pipeline
-from components.data.tasksets import check_taskset
-from components.explore.models import check_model_path
-from components.tracking import is_tracking_server
+from rftflow.components.algorithms import Algorithm
+from rftflow.components.buffer.layout import run_store_url
+from rftflow.components.buffer.state import AlreadyRunning, CampaignState, StateStore, config_changes, running_line, state_role
+from rftflow.components.buffer.store import open_store, parse_store_url, redact_url, store_options
+from rftflow.components.config import CampaignConfig, ConfigError, load_config
+from rftflow.components.data.pipelines import check_pipeline
+from rftflow.components.data.tasksets import check_taskset
+from rftflow.components.explore.models import check_model_path
+from rftflow.components.tracking import is_tracking_server
 
 # Backends MLflow 3 keeps runs in (SQLAlchemy dialects may carry a driver: postgresql+psycopg2).
 TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from components.bench import BenchModelError, eval_engine, held_out
-from components.explore import explorer
-from components.explore.rewards import make_reward_fn
-from components.preflight import Preflight
+from rftflow.components.bench import BenchModelError, eval_engine, held_out
+from rftflow.components.explore import explorer
+from rftflow.components.explore.rewards import make_reward_fn
+from rftflow.components.preflight import Preflight
 
 ALIAS = "champion"
 

@@ -26,13 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from components.buffer.layout import CampaignStore, CorruptCheckpoint, open_run_store, shard_order
-from components.buffer.state import StateStore, claim, now, state_role
-from components.campaign import ROUND, Campaign, StopFlag
-from components.data.report import validation_report
-from components.preflight import Preflight
-from components.train.checkpoints import OPTIMIZER_FILES
-from components.tracking import Tracker
+from rftflow import __version__
+from rftflow.components.buffer.layout import CampaignStore, CorruptCheckpoint, open_run_store, shard_order
+from rftflow.components.buffer.state import StateStore, claim, now, state_role
+from rftflow.components.campaign import ROUND, Campaign, StopFlag
+from rftflow.components.data.report import validation_report
+from rftflow.components.preflight import Preflight
+from rftflow.components.train.checkpoints import OPTIMIZER_FILES
+from rftflow.components.tracking import Tracker
 
 log = logging.getLogger("rftflow")
 COMMIT_SECONDS = 5.0  # a round's metrics and state are written at most this often (see ``_tracked``)
@@ -69,7 +70,7 @@ class CampaignRun:
             run_name = cfg.name if self.campaign.has_trainer else f"{cfg.name}-explorer"
             self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, run_name,
                                    artifact_root=out / "mlartifacts", run_id=self.state.mlflow_run_id,
-                                   tags={"campaign": cfg.name, "rftflow.mode": cfg.mode,
+                                   tags={"campaign": cfg.name, "rftflow.mode": cfg.mode, "rftflow.version": __version__,
                                          "prefect.flow_run_id": flow_run_id or "",
                                          "prefect.flow_run_url": flow_run_url or "",
                                          "mlflow.source.name": "rftflow run (flows/campaign.py:rft_campaign)",
@@ -195,10 +196,10 @@ class CampaignRun:
         / Σ wall over its stages, is at most ``task_runs_max_share`` (s), else one task run per k
         rounds (``rounds_per_task_run`` when set): the fewest for which one task run's cost c (the
         round's Prefect time / its stages) is at most s/4 of theirs, c / (c + k · own) ≤ s/4, and at
-        most ``COMMIT_SECONDS`` of rounds (the UI's cadence). A quarter: the first round takes about
-        twice a later round's time (warm-up; 120 against 70 ms at TRL's size) and a task run slows
-        the work after it about as much again (cold caches, Prefect's threads: explore 17.5 → 21
-        ms). Returns the choice in one line when made."""
+        most ``COMMIT_SECONDS`` of rounds (the UI's cadence). A quarter: the first round is slower
+        than later ones (warm-up), and a task run also slows the work after it (cold caches,
+        Prefect's threads), so the measured share understates the cost. Returns the choice in one
+        line when made."""
         if self.task_runs is not None or name not in self.round_stages:
             return None
         self._first_round[0] += wall
@@ -361,7 +362,7 @@ class CampaignRun:
     def promote(self, round_no: int) -> dict[str, Any]:
         """The registered version against the ``champion`` alias (``components.promotion``): the
         alias moves on a clear, significant win; the decision's line goes into the summary."""
-        from components.promotion import promote
+        from rftflow.components.promotion import promote
 
         def work() -> dict[str, float]:
             decision = promote(self.checked, self.state.model_version)
@@ -409,7 +410,7 @@ class CampaignRun:
     def collect_garbage(self) -> int:
         """``retention.after_campaign``: what the finished campaign no longer needs leaves its store
         (``components.buffer.retention``); the number of objects deleted."""
-        from components.buffer.retention import apply, plan
+        from rftflow.components.buffer.retention import apply, plan
 
         self.campaign.store.flush()
         deleted = apply(self.campaign.store, plan(self.campaign.store, self.cfg.model_dump(mode="json"), finished=True))
@@ -480,8 +481,8 @@ def move_aside(checked: Preflight) -> str:
     store, and its files in the run dir (summary, final model, validation report) to
     ``<run dir>/moved-<UTC time>/``. Nothing is deleted; the MLflow run stays where it is, tagged
     ``rftflow.moved_aside`` (and ended KILLED if it was left RUNNING). Returns what moved."""
-    from components.buffer.state import StateStore
-    from components.buffer.store import open_store, parse_store_url, store_options
+    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.buffer.store import open_store, parse_store_url, store_options
 
     cfg, run_dir = checked.cfg, checked.run_dir
     stamp = time.strftime("moved-%Y%m%d-%H%M%S", time.gmtime())

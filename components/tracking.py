@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from components.config import cache_dir, flatten
+from rftflow.components.config import cache_dir, flatten
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 # A new SQLite store logs its schema set-up at INFO on every first use.
@@ -32,8 +32,8 @@ URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 def seed_sqlite_store(uri: str) -> None:
     """A new SQLite store (``sqlite:///<path>`` with nothing at ``path`` yet) starts as a copy of an
     empty one that MLflow itself set up (``_initialize_tables``: its tables, then every schema
-    migration), kept per MLflow version under ``cache_dir()``. MLflow does that set-up for every
-    new database, ~3 s on 2 cores, once per run directory; a copy takes milliseconds. The copy
+    migration), kept per MLflow version under ``cache_dir()``. MLflow does that set-up, seconds of
+    schema migrations, for every new database, once per run directory; a copy is a file copy. The copy
     holds no experiment: MLflow makes its Default experiment on first use, as for a new file."""
     path = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") and "?" not in uri else None
     if path is None or path.exists():
@@ -113,6 +113,9 @@ class Tracker:
                 for m in self.client.get_metric_history(run_id, key):
                     self.history.setdefault(m.step, {})[key] = m.value
             self.client.update_run(run_id, status="RUNNING")
+            for key in ("rftflow.version", "prefect.flow_run_id", "prefect.flow_run_url"):  # this attempt's
+                if (tags or {}).get(key):
+                    self.client.set_tag(run_id, key, tags[key])
             return
         found = self.client.get_experiment_by_name(experiment)
         if found is not None:
@@ -139,7 +142,7 @@ class Tracker:
     def log_metrics(self, metrics: Mapping[str, float], step: int, *, defer: bool = False) -> None:
         """Log each metric at ``step`` unless this run already has it at that step. ``defer`` holds
         them until the next call without it (or ``flush``, ``finish``): one MLflow write for a
-        round's stages instead of one per stage (each write to SQLite costs ~10 ms here)."""
+        round's stages instead of one per stage (each write to SQLite is a transaction)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)

@@ -28,16 +28,16 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 from prefect.states import Cancelled, Completed, Failed, State
 
-from components.buffer.shards import ShardError
-from components.buffer.store import StoreUnavailable
-from components.campaign import StopFlag, StopRequested
-from components.config import ConfigError
-from components.data.contracts import ContractError
-from components.preflight import Preflight, preflight
-from components.run import CampaignRun, NoUsableCheckpoint, grouped_by_round, move_aside
-from flows.monitor import UIMonitor
-from flows.progress import CampaignProgress
-from tasks.stages import TASKS, bench
+from rftflow.components.buffer.shards import ShardError
+from rftflow.components.buffer.store import StoreUnavailable
+from rftflow.components.campaign import StopFlag, StopRequested
+from rftflow.components.config import ConfigError
+from rftflow.components.data.contracts import ContractError
+from rftflow.components.preflight import Preflight, preflight
+from rftflow.components.run import CampaignRun, NoUsableCheckpoint, grouped_by_round, move_aside
+from rftflow.flows.monitor import UIMonitor
+from rftflow.flows.progress import CampaignProgress
+from rftflow.tasks.stages import TASKS, bench
 
 
 CANCEL_POLL_SECONDS = 2.0  # how often a running campaign reads its flow run's state (a cancel in Prefect)
@@ -170,8 +170,8 @@ def stop_on_cancel(stop: StopFlag, flow_run_id: str | None) -> Iterator[None]:
 def _step(run: CampaignRun, name: str, round_no: int, last: int) -> dict:
     """Step ``name`` of round ``round_no`` (``round``: rounds ``round_no`` to ``last``) as its task
     run; its result, or it raises what failed it. Called for its result: ``return_state=True`` and
-    then ``State.result()`` reads the result back through Prefect's result machinery, ~4 ms more
-    per task run."""
+    then ``State.result()`` would read the result back through Prefect's result machinery, a
+    cost per task run."""
     result = TASKS[name](run, round_no, last) if name == "round" else TASKS[name](run, round_no)
     if isinstance(result, State):  # the step returned Failed with its one line: raise its exception
         result.result()

@@ -15,10 +15,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-import flows  # noqa: F401  (applies the quiet service defaults before Prefect is imported)
+import rftflow.flows  # noqa: F401  (applies the quiet service defaults before Prefect is imported)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Reinforcement fine-tuning campaigns on Prefect.")
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "arith-mix.yaml"
+DEFAULT_CONFIG = "arith-mix"  # a shipped config (rftflow.configs), found from any directory
 err = Console(stderr=True)
 
 
@@ -44,7 +44,7 @@ def _exit_on(state) -> None:
     """A flow run's end as the command's: returns when it completed; else its one line and exit
     code (``EXIT_STOPPED`` for a stop, ``EXIT_REFUSED`` for a refusal before any work, such as
     another attempt holding the campaign, ``EXIT_FAILED`` otherwise)."""
-    from components.config import ConfigError
+    from rftflow.components.config import ConfigError
 
     if state.is_completed():
         return
@@ -58,8 +58,8 @@ def _exit_on(state) -> None:
 def _preflight(config, run_dir: Path | None, overrides: list[str], restart: bool = False):
     """The validation gate (``components.preflight``) on a config file (None: the default) or a
     loaded config; its one-line error ends the command."""
-    from components.config import ConfigError
-    from components.preflight import preflight
+    from rftflow.components.config import ConfigError
+    from rftflow.components.preflight import preflight
 
     try:
         return preflight(config or DEFAULT_CONFIG, run_dir, overrides, restart=restart)
@@ -69,7 +69,7 @@ def _preflight(config, run_dir: Path | None, overrides: list[str], restart: bool
 
 def _load_config(config: Path | None, overrides: list[str]):
     """The campaign config (file and overrides), or its one-line error ending the command."""
-    from components.config import ConfigError, load_config
+    from rftflow.components.config import ConfigError, load_config
 
     try:
         return load_config(config or DEFAULT_CONFIG, overrides)
@@ -79,7 +79,7 @@ def _load_config(config: Path | None, overrides: list[str]):
 
 @app.command()
 def run(
-    config: Annotated[Optional[Path], typer.Argument(help="Campaign YAML (default: configs/arith-mix.yaml).")] = None,
+    config: Annotated[Optional[Path], typer.Argument(help="A campaign YAML file, or a shipped config by name (default: arith-mix).")] = None,
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Output dir (default: ./runs/<name>).")] = None,
     overrides: Annotated[list[str], typer.Option("--set", help="Override a key: --set trainer.lr=1e-4")] = [],  # noqa: B006
     restart: Annotated[bool, typer.Option("--restart", help="Start over: move the campaign in the run dir "
@@ -100,13 +100,13 @@ def run(
     overrides = [*overrides, f"mode={mode}"] if mode else overrides
     name = "the campaign"
     try:
-        from flows.prefect_api import booting_prefect_api
+        from rftflow.flows.prefect_api import booting_prefect_api
 
         loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
         name = f"campaign {loaded.name}"
         with booting_prefect_api() as prefect_api_ready:  # the server boots while the preflight checks the rest
             checked = _preflight(loaded, run_dir, [], restart)  # the flow passes it too; here it fails first
-            from flows.campaign import rft_campaign, summary_line
+            from rftflow.flows.campaign import rft_campaign, summary_line
 
             if checked.finished:
                 Console().print(summary_line(checked), highlight=False, soft_wrap=True)
@@ -147,19 +147,19 @@ def run(
 
 @app.command()
 def promote(
-    config: Annotated[Optional[Path], typer.Argument(help="The campaign's YAML (default: configs/arith-mix.yaml).")] = None,
+    config: Annotated[Optional[Path], typer.Argument(help="The campaign's YAML file or shipped config name (default: arith-mix).")] = None,
     version: Annotated[Optional[str], typer.Option("--version", help="The challenger (default: the newest version).")] = None,
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="The campaign's run dir (default: ./runs/<name>).")] = None,
     overrides: Annotated[list[str], typer.Option("--set", help="Override a key: --set promotion.margin=0.05")] = [],  # noqa: B006
 ) -> None:
     """Move the registered model's `champion` alias to a challenger only if it is clearly better on
     the campaign's held-out tasks; print the decision in one line (exit 0 either way)."""
-    from flows.prefect_api import booting_prefect_api
+    from rftflow.flows.prefect_api import booting_prefect_api
 
     loaded = _load_config(config, overrides)
     with booting_prefect_api() as prefect_api_ready:  # the server boots while the preflight checks the rest
         checked = _preflight(loaded, run_dir, [], False)
-        from flows.promote import promote_model
+        from rftflow.flows.promote import promote_model
 
         _collector_on()
         prefect_api_ready()
@@ -174,8 +174,8 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
            campaign: Annotated[Optional[str], typer.Option("--campaign", help="Campaign name (default: the only one).")] = None,
            ) -> None:
     """Where a campaign stands: status, rounds done, last checkpoint, MLflow run, last error."""
-    from components.buffer.layout import moved_aside
-    from components.buffer.state import StateStore
+    from rftflow.components.buffer.layout import moved_aside
+    from rftflow.components.buffer.state import StateStore
 
     opened = _open_buffer(store, campaign)
     with _store_errors():
@@ -227,7 +227,7 @@ def up(run_dir: RunDirArg = Path("runs/arith-mix"),
        mlflow_port: Annotated[int, typer.Option(help="Port of the MLflow server and UI.")] = 5000) -> None:
     """Start a Prefect server (on PREFECT_HOME's runs) and an MLflow server (on the run dir's
     mlflow.db) on 127.0.0.1, in the background; print their URLs."""
-    from flows.servers import ServerError, up as start
+    from rftflow.flows.servers import ServerError, up as start
 
     try:
         urls = start(run_dir, prefect_port, mlflow_port)
@@ -244,7 +244,7 @@ def up(run_dir: RunDirArg = Path("runs/arith-mix"),
 @app.command()
 def down(run_dir: RunDirArg = Path("runs/arith-mix")) -> None:
     """Stop the servers `rftflow up` started for the run dir."""
-    from flows.servers import down as stop
+    from rftflow.flows.servers import down as stop
 
     stopped = stop(run_dir)
     Console().print(f"stopped: {', '.join(stopped)}" if stopped else f"no servers of {run_dir} were running",
@@ -261,30 +261,14 @@ RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only this roun
 
 
 def _open_buffer(location: str, campaign: str | None):
-    """A ``CampaignStore`` for a run dir (its store as the run recorded it, see
-    ``open_run_store``) or a store URL (S3 settings from the AWS environment)."""
-    from components.buffer.layout import CampaignStore, campaigns_in, recorded_store
-    from components.buffer.store import open_store
+    """``components.buffer.layout.open_campaign``, its one-line errors ending the command."""
+    from rftflow.components.buffer.layout import open_campaign
 
-    options = {}
-    if "://" not in location:
-        if not Path(location).is_dir():
-            _fail(f"no run dir or store at {location}")
-        location, options = recorded_store(location)
     try:
         with _store_errors():
-            store = open_store(location, **options)
-            names = campaigns_in(store)
-    except ValueError as e:  # names the URL itself
+            return open_campaign(location, campaign)
+    except ValueError as e:  # names the run dir, URL or campaign
         _fail(str(e))
-    if campaign is None:
-        if len(names) != 1:
-            _fail(f"{location}: {'no campaigns' if not names else 'several campaigns: ' + ', '.join(names)}"
-                  + ("; pick one with --campaign" if names else ""))
-        campaign = names[0]
-    elif campaign not in names and campaign not in campaigns_in(store, moved_aside=True):
-        _fail(f"{location}: no campaign {campaign!r}; found: {', '.join(names) or 'none'}")
-    return CampaignStore(store, campaign)
 
 
 @contextmanager
@@ -293,8 +277,8 @@ def _store_errors():
     what differs), a store down past its outage budget, botocore's errors."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from components.buffer.shards import ShardError
-    from components.buffer.store import StoreUnavailable
+    from rftflow.components.buffer.shards import ShardError
+    from rftflow.components.buffer.store import StoreUnavailable
 
     try:
         yield
@@ -369,8 +353,8 @@ def buffer_gc(store: StoreArg, campaign: CampaignOpt = None,
     """Delete what the campaign no longer needs, by the retention rules (components.buffer.retention):
     staging, superseded weights and checkpoints, crash leftovers, rounds past keep_rounds. A dry run
     unless --apply; refused while the campaign runs."""
-    from components.buffer.retention import apply as apply_plan, plan
-    from components.buffer.state import StateStore, running_line
+    from rftflow.components.buffer.retention import apply as apply_plan, plan
+    from rftflow.components.buffer.state import StateStore, running_line
 
     opened = _open_buffer(store, campaign)
     with _store_errors():
@@ -393,10 +377,40 @@ def buffer_gc(store: StoreArg, campaign: CampaignOpt = None,
                     f"{gc_plan.total} objects would be deleted; --apply deletes them", highlight=False)
 
 
+config_app = typer.Typer(no_args_is_help=True, help="The campaign config: its JSON schema and reference.")
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("schema")
+def config_schema() -> None:
+    """Print the JSON schema of a campaign config (for editors that validate YAML)."""
+    from rftflow.flows.reference import config_schema as schema
+
+    print(json.dumps(schema(), indent=2))
+
+
+@config_app.command("reference")
+def config_reference() -> None:
+    """Print the configuration reference (markdown, as docs/reference/configuration.md)."""
+    from rftflow.flows.reference import config_reference as reference
+
+    print(reference(), end="")
+
+
+@config_app.command("show")
+def config_show(config: Annotated[Optional[Path], typer.Argument(help="A campaign YAML file, or a shipped config "
+                                                                 "by name (default: arith-mix).")] = None,
+                overrides: Annotated[list[str], typer.Option("--set", help="Override a key.")] = []) -> None:  # noqa: B006
+    """Print a campaign's whole config, every default filled in, as YAML (after the --set overrides)."""
+    import yaml
+
+    print(yaml.safe_dump(_load_config(config, overrides).model_dump(mode="json"), sort_keys=False), end="")
+
+
 ingest_app = typer.Typer(no_args_is_help=True, help="Validate and store human feedback or expert demonstrations.")
 app.add_typer(ingest_app, name="ingest")
 FileArg = Annotated[Path, typer.Argument(help="A JSONL (or Parquet) file, one row per line.")]
-ConfigArg = Annotated[Optional[Path], typer.Argument(help="Campaign YAML (default: configs/arith-mix.yaml).")]
+ConfigArg = Annotated[Optional[Path], typer.Argument(help="A campaign YAML file, or a shipped config by name (default: arith-mix).")]
 RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="The campaign's run dir (default: ./runs/<name>).")]
 SetOpt = Annotated[list[str], typer.Option("--set", help="Override a config key: --set name=my-campaign")]
 ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write the outcome as JSON here.")]
@@ -404,11 +418,11 @@ ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write the o
 
 def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, overrides: list[str],
             report: Path | None) -> None:
-    from components.buffer.layout import CampaignStore, open_run_store
-    from components.data.contracts import ContractError
-    from components.data.ingest import store_ingested, validate_file
-    from components.data.tasksets import TasksetError
-    from components.explore.models import load_model
+    from rftflow.components.buffer.layout import CampaignStore, open_run_store
+    from rftflow.components.data.contracts import ContractError
+    from rftflow.components.data.ingest import store_ingested, validate_file
+    from rftflow.components.data.tasksets import TasksetError
+    from rftflow.components.explore.models import load_model
 
     _collector_on()
     checked = _preflight(config, run_dir, overrides)
@@ -462,10 +476,9 @@ def ingest_expert(file: FileArg, config: ConfigArg = None, run_dir: RunDirOpt = 
 def main() -> None:
     """The ``rftflow`` command, with Python's cyclic garbage collector off while it imports its
     libraries and their ~1M objects frozen (``gc.freeze``) once loaded and at exit. Each full
-    collection walks every tracked object; one of this heap took 0.5–1.0 s here. While the heap
-    grows, a full collection runs at every 25% of growth (1–1.5 s of a run's start-up), and the
-    interpreter's exit collects several more times (3–4 s) before the OS frees the memory anyway:
-    frozen objects are left out of both. Reference counting frees memory as before. ``run``,
+    collection walks every tracked object, a large share of a second for this heap. While the heap
+    grows, a full collection runs at every 25% of growth, and the interpreter's exit collects
+    several more times before the OS frees the memory anyway: frozen objects are left out of both. Reference counting frees memory as before. ``run``,
     ``promote`` and the ingest commands switch the collector back on once loaded
     (``_collector_on``); the short commands (status, buffer, up, down) end without it.
 

@@ -11,7 +11,7 @@ the rounds its earlier attempts did too. Both are updated after a round at most 
 ``UPDATE_SECONDS`` (and always after an evaluation and the last round): the table holds every
 round, so rounds of a fraction of a second would otherwise store a growing table many times a
 second. They are written by a background thread, so the next round does not wait on the Prefect
-API for them (two calls, ~10 ms); the summary waits for them first.
+API for them (two calls); the summary waits for them first.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.artifacts import update_progress_artifact
 
-from components.campaign import ROUND
-from components.run import CampaignRun
-from components.tracking import is_tracking_server
+from rftflow.components.campaign import ROUND
+from rftflow.components.run import CampaignRun
+from rftflow.components.tracking import is_tracking_server
 
 UPDATE_SECONDS = 5.0
 # column → MLflow metric of the round (blank where a round has none: accuracy between evaluations)

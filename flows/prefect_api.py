@@ -9,18 +9,18 @@ group do not reach it; this process stops it when done), with the kernel told to
 process ends, whatever ends it (Linux's ``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is), under
 Linux's ``SCHED_IDLE`` policy (elsewhere at nice 10): recording a task run's events costs the server
 CPU, which at normal priority is taken from the campaign's compute on a small machine. Even at
-nice 10 or 19 a busy neighbour slows a 2-thread torch step on 2 cores by a fifth to a third; under
-``SCHED_IDLE`` it gives way as soon as a campaign thread wakes (README, "Speed", has the figures),
-and catches up when the cores are free.
+nice 10 or 19 a busy neighbour slows a multi-threaded torch step on a small machine; under
+``SCHED_IDLE`` it gives way as soon as a campaign thread wakes, and catches up when the cores are
+free.
 
-It boots in the background (~6 s; ~11 s on a new ``PREFECT_HOME``) while this process does its
+It boots in the background (seconds; longer on a new ``PREFECT_HOME``) while this process does its
 own start-up (preflight, model), and is waited for when the flow starts: Prefect's
-``SubprocessASGIServer.start`` boots and waits in one call, and importing it costs ~2.5 s (the whole
-server app), so the launch, health wait and stop are written here (a few lines each).
+``SubprocessASGIServer.start`` boots and waits in one call, and importing it means importing the
+whole server app, so the launch, health wait and stop are written here (a few lines each).
 
 Its task-run recorder writes events in batches (``RECORDER_BATCHING``) rather than Prefect's
-default of one transaction per event: measured on 2 cores, a task run then costs the server
-~12 ms of CPU instead of ~25 ms (most of it SQLAlchemy compiling each insert). A task run reaches
+default of one transaction per event, which roughly halves the server's CPU per task run (most of
+it SQLAlchemy compiling each insert). A task run reaches
 the database at most 2 s after its events; the queue is written out when the server stops.
 Stopped during a periodic write, the recorder logs that write's cancellation as an ERROR, though
 every event is queued again and written by its final flush: ``quiet_retried_flush`` says so at
@@ -47,7 +47,7 @@ from prefect.logging.handlers import APILogWorker
 from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
                               get_current_settings, temporary_settings)
 
-from flows.servers import answers, free_port
+from rftflow.flows.servers import answers, free_port
 
 # Run in the server process before uvicorn: ask for SIGTERM when the parent (this process) dies
 # (PR_SET_PDEATHSIG = 1), and leave at once if it died already. Done in the child itself, not in a
@@ -64,7 +64,7 @@ try:  # Linux: run only on a core the campaign leaves idle
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 except (AttributeError, OSError):
     os.nice(10)
-from flows.prefect_api import quiet_retried_flush
+from rftflow.flows.prefect_api import quiet_retried_flush
 quiet_retried_flush()
 from uvicorn.main import main
 main()

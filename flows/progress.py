@@ -14,7 +14,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from components.config import CampaignConfig
+from rftflow.components.config import CampaignConfig
 
 PLAIN_EVERY_SECONDS = 10.0
 

@@ -25,11 +25,11 @@ def vllm_available() -> bool:
 def vllm_server(model_dir: str, *, served_model: str = "model", threads: int = 2, log: Path | None = None,
                 startup_seconds: float = 300.0, eager: bool = True) -> Iterator[str]:
     """``vllm serve model_dir`` on a free port; yields its base URL; stopped on exit. ``eager``
-    (``--enforce-eager``) skips vLLM's torch.compile: ready in 34-35 s instead of 60 s on 2 cores
-    with no compile cache (fresh HOME), the model run as the trainer runs it."""
+    (``--enforce-eager``) skips vLLM's torch.compile (the slowest part of its start-up without a
+    compile cache), the model run as the trainer runs it."""
     import httpx
 
-    from flows.servers import free_port
+    from rftflow.flows.servers import free_port
 
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(threads),

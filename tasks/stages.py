@@ -17,11 +17,11 @@ from prefect import get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Failed, State
 
-from components.buffer.shards import ShardError
-from components.buffer.store import StoreUnavailable
-from components.campaign import StopRequested
-from components.data.contracts import ContractError
-from components.run import CampaignRun
+from rftflow.components.buffer.shards import ShardError
+from rftflow.components.buffer.store import StoreUnavailable
+from rftflow.components.campaign import StopRequested
+from rftflow.components.data.contracts import ContractError
+from rftflow.components.run import CampaignRun
 
 
 ONE_LINE = (ContractError, StoreUnavailable, ShardError)  # failures whose message is the whole story
@@ -129,7 +129,7 @@ TASKS["round"] = round_task
 def bench(checked) -> dict | State:
     """``mode: bench``: every model of ``bench.models`` on every eval taskset, one MLflow run. A
     model that cannot be found fails it in one line."""
-    from components.bench import BenchModelError, bench as run_bench
+    from rftflow.components.bench import BenchModelError, bench as run_bench
 
     try:
         return run_bench(checked)

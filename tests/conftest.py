@@ -18,7 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n 2 (pyproject): two worker
     import torch
 
     torch.set_num_threads(1)
-import flows  # noqa: E402,F401  (applies the quiet service defaults before Prefect is imported)
+import rftflow.flows  # noqa: E402,F401  (applies the quiet service defaults before Prefect is imported)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
 # The default campaign cut to a few seconds: 300 tasks (10 held out), 2 rounds of 4 tasks × 4
@@ -77,8 +77,8 @@ def small() -> tuple[str, ...]:
 @pytest.fixture(autouse=True)
 def _registries_restored():
     """Advantages, losses and pipeline operators a test registers are gone after it."""
-    from components.algorithms.registry import _REGISTRIES
-    from components.data.pipelines import _OPERATORS
+    from rftflow.components.algorithms.registry import _REGISTRIES
+    from rftflow.components.data.pipelines import _OPERATORS
 
     saved = [(registry, dict(registry)) for registry in (*_REGISTRIES.values(), *_OPERATORS.values())]
     yield
@@ -99,7 +99,7 @@ def prefect_api():
 @pytest.fixture(scope="session")
 def tiny():
     """builtin:tiny, built once, loaded like any local model directory."""
-    from components.explore.models import load_model
+    from rftflow.components.explore.models import load_model
 
     return load_model("builtin:tiny")
 

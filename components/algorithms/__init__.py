@@ -1,16 +1,16 @@
 """RFT algorithm parts: advantages, policy losses, KL estimators, aggregation, a registry, and
 the presets that combine them (``resolve`` turns a config's algorithm section into an ``Algorithm``)."""
 
-from components.algorithms.advantages import (
+from rftflow.components.algorithms.advantages import (
     gae_advantages, grpo_advantages, opmd_advantages, reinforce_pp_advantages, rloo_advantages,
 )
-from components.algorithms.aggregation import AGG_MODES, AggMode, aggregate
-from components.algorithms.losses import (
+from rftflow.components.algorithms.aggregation import AGG_MODES, AggMode, aggregate
+from rftflow.components.algorithms.losses import (
     KL_KINDS, LossInputs, dpo_loss, entropy_from_logits, entropy_from_logprobs, kl_penalty, mix_loss, opmd_loss,
     ppo_clip_loss, regularized, sft_loss, value_loss,
 )
-from components.algorithms.presets import PRESETS, Algorithm, Preset, resolve
-from components.algorithms.registry import get_advantage, get_loss, register_advantage, register_loss
+from rftflow.components.algorithms.presets import PRESETS, Algorithm, Preset, resolve
+from rftflow.components.algorithms.registry import get_advantage, get_loss, register_advantage, register_loss
 
 __all__ = [
     "AGG_MODES",

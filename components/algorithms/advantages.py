@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from components.algorithms.registry import register_advantage
+from rftflow.components.algorithms.registry import register_advantage
 
 
 def _ids(group_ids: Sequence | torch.Tensor) -> Sequence:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from components.algorithms.aggregation import aggregate
-from components.algorithms.registry import register_loss
+from rftflow.components.algorithms.aggregation import aggregate
+from rftflow.components.algorithms.registry import register_loss
 
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
 

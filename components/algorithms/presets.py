@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from components.algorithms.registry import get_advantage, get_loss
+from rftflow.components.algorithms.registry import get_advantage, get_loss
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ class Preset:
 
 # Presets that train on explorer rows alone step at a tenth of ``trainer.lr`` (``Preset.lr_scale``): the
 # trainer's rate is set for supervised steps (the warm start decays to it, MIX's SFT term uses it), and
-# a policy-gradient step at that rate overshoots. Measured on the default task from a 1000-step warm
-# start (seed 0): GRPO at 5e-4 fell 0.345 -> 0.035 in 30 rounds; at 1e-4 and below it rose to 0.55-0.60.
+# a policy-gradient step at that rate overshoots (on the default task, GRPO at the supervised rate lost
+# held-out accuracy where a tenth of it gained; docs/benchmarks.md has the algorithms' figures).
 # MIX keeps 1.0: its GRPO term is already weighted by (1 − mu) = 0.1 in the default campaign.
 RL_LR_SCALE = 0.1
 PRESETS: dict[str, Preset] = {

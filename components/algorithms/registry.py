@@ -2,7 +2,7 @@
 
 A user adds their own without editing rftflow::
 
-    from components.algorithms import register_advantage
+    from rftflow.components.algorithms import register_advantage
 
     @register_advantage("my_adv")
     def my_adv(rewards, group_ids, **options): ...

@@ -40,11 +40,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from components.buffer.shards import (ShardError, commit_shard, committed_shards, encode_shard, is_committed,
+from rftflow.components.buffer.shards import (ShardError, commit_shard, committed_shards, encode_shard, is_committed,
                                      marker_key, read_committed, read_shard, shard_key, write_shard)
-from components.buffer.store import ObjectStore, open_store, store_options
-from components.buffer.write_behind import OrderedStore, WriteBehind
-from components.data.experience import SCHEMA
+from rftflow.components.buffer.store import ObjectStore, open_store, store_options
+from rftflow.components.buffer.write_behind import OrderedStore, WriteBehind
+from rftflow.components.data.experience import SCHEMA
 
 # What ``rftflow buffer`` can read: kind → key prefix under the campaign.
 # ``quarantine`` is every rejected row except those of rounds that failed (above the bad-row threshold),
@@ -108,6 +108,28 @@ def moved_aside(store: ObjectStore, campaign: str) -> list[str]:
     """The earlier runs of ``campaign`` that ``--restart`` moved aside, oldest first."""
     return [n for n in campaigns_in(store, moved_aside=True) if MOVED_ASIDE.search(n) and
             n[:MOVED_ASIDE.search(n).start()] == campaign]
+
+
+def open_campaign(location: str | Path, campaign: str | None = None) -> CampaignStore:
+    """A campaign's store from a run dir (the store its run recorded, ``recorded_store``) or a store
+    URL (S3 settings from the AWS environment); ``campaign`` may be left out when the store holds
+    one (a campaign moved aside by ``--restart`` only by its name). ``ValueError`` in one line."""
+    options: dict[str, Any] = {}
+    location = str(location)
+    if "://" not in location:
+        if not Path(location).is_dir():
+            raise ValueError(f"no run dir or store at {location}")
+        location, options = recorded_store(location)
+    store = open_store(location, **options)
+    names = campaigns_in(store)
+    if campaign is None:
+        if len(names) != 1:
+            raise ValueError(f"{location}: {'no campaigns' if not names else 'several campaigns: ' + ', '.join(names)}"
+                             + ("; pick one with --campaign" if names else ""))
+        campaign = names[0]
+    elif campaign not in names and campaign not in campaigns_in(store, moved_aside=True):
+        raise ValueError(f"{location}: no campaign {campaign!r}; found: {', '.join(names) or 'none'}")
+    return CampaignStore(store, campaign)
 
 
 def round_dir(round_no: int) -> str:
@@ -228,8 +250,8 @@ class CampaignStore:
 
         The store is listed only when some round up to ``max_round`` (or any, without one) has no
         shard known here: a committed shard never changes or goes while a campaign runs, so the
-        ones listed or written here stay known (a listing is O(rounds): 2.9 ms a round at round 40
-        of a file store, a request on S3)."""
+        ones listed or written here stay known (a listing grows with the rounds, and is a
+        request on S3)."""
         known = dict(self._usual)  # a copy (one C call): in mode async the explorer's lane writes meanwhile
         if max_round is None or not set(known.values()).issuperset(range(1, max_round + 1)):
             prefix = self.key("experiences", "usual")

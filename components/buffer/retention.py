@@ -32,8 +32,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.buffer.layout import CHECKPOINT_MANIFEST, WEIGHTS_MANIFEST, CampaignStore, shard_order
-from components.buffer.shards import COMMIT_DIR
+from rftflow.components.buffer.layout import CHECKPOINT_MANIFEST, WEIGHTS_MANIFEST, CampaignStore, shard_order
+from rftflow.components.buffer.shards import COMMIT_DIR
 
 KINDS = ("staging", "experiences", "quarantine", "weights", "checkpoints", "uncommitted")
 

@@ -30,8 +30,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.buffer.layout import CampaignStore, shard_order
-from components.data.experience import SCHEMA
+from rftflow.components.buffer.layout import CampaignStore, shard_order
+from rftflow.components.data.experience import SCHEMA
 
 Commit = Callable[[], None]
 Row = dict[str, Any]

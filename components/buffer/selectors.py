@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from components.data.tasksets import Task
+from rftflow.components.data.tasksets import Task
 
 SELECTORS = ("sequential", "shuffle", "random", "curriculum")
 
@@ -111,8 +111,8 @@ def select_tasks(tasks: list[Task], round_no: int, k: int, seed: int, *, selecto
 
 @functools.lru_cache(maxsize=4)
 def _epoch_order(seed: int, epoch: int, n: int) -> tuple[int, ...]:
-    """The ``shuffle`` selector's order of pass ``epoch`` over n tasks; kept, since shuffling a
-    50 000-task set costs ~30 ms and a pass lasts many rounds."""
+    """The ``shuffle`` selector's order of pass ``epoch`` over n tasks; kept, since a pass over a
+    large taskset lasts many rounds and shuffling it each round would be wasted work."""
     order = list(range(n))
     random.Random(f"{seed}:{epoch}").shuffle(order)
     return tuple(order)

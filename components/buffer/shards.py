@@ -16,7 +16,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from components.buffer.store import ObjectStore
+from rftflow.components.buffer.store import ObjectStore
 
 COMMIT_DIR = "_commit"
 
@@ -61,8 +61,8 @@ def write_shard(store: ObjectStore, prefix: str, table: pa.Table, part: int = 0,
 
 
 def encode_shard(table: pa.Table) -> bytes:
-    """The Parquet bytes of a shard, snappy-compressed (Parquet's default codec: a round's 64
-    experiences encode in 0.37 ms, against 1.0 ms with zstd for 8% fewer bytes)."""
+    """The Parquet bytes of a shard, snappy-compressed (Parquet's default codec: faster than zstd
+    for a round's few rows, which zstd would shrink only a little more)."""
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="snappy")
     return sink.getvalue()
@@ -103,7 +103,6 @@ def read_shard(store: ObjectStore, key: str) -> pa.Table:
 
 def _decode(data: bytes) -> pa.Table:
     # ``ParquetFile.read``: the same table as ``pq.read_table``, without its dataset machinery
-    # (1.0 against 1.8 ms for a round's 64 rows)
     return pq.ParquetFile(io.BytesIO(data)).read()
 
 

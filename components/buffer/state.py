@@ -22,8 +22,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from components.buffer.store import ObjectStore
-from components.config import ConfigError, flatten
+from rftflow import __version__
+from rftflow.components.buffer.store import ObjectStore
+from rftflow.components.config import ConfigError, flatten
 
 STATUSES = ("running", "finished", "failed", "interrupted")
 KEEP_GENERATIONS = 20
@@ -61,7 +62,7 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``key (old → new)`` for each key whose value differs, operational keys aside. A key the old
     config lacks (added by a newer rftflow) that holds its default is no change: a campaign started
     before an upgrade resumes after it."""
-    from components.config import CampaignConfig
+    from rftflow.components.config import CampaignConfig
 
     a, b = flatten(old), flatten(new)
     defaults = flatten(CampaignConfig().model_dump(mode="json"))
@@ -85,6 +86,7 @@ class Attempt:
     ended_at: str | None = None
     outcome: str | None = None  # finished | failed | interrupted | killed (seen by the next attempt); None: running
     error: str | None = None
+    version: str | None = None  # the rftflow that ran it (rftflow.__version__; None: before 0.2)
 
 
 @dataclass
@@ -193,7 +195,7 @@ def claim(states: StateStore, campaign: str, config: dict[str, Any], flow_run_id
     for attempt in killed:
         attempt.outcome = "killed"
     state.status, state.error = "running", None
-    state.attempts.append(Attempt(flow_run_id, os.getpid(), socket.gethostname(), now()))
+    state.attempts.append(Attempt(flow_run_id, os.getpid(), socket.gethostname(), now(), version=__version__))
     try:
         states.write(state)
     except StateConflict:

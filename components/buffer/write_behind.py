@@ -2,10 +2,8 @@
 
 A round's shards (the rollouts hand-off, accepted experiences, quarantine) and its small state
 files are written while the next stages compute: the store's latency (HTTP round trips on
-``s3://``, ``fsync`` on ``file://``) is waited out beside the compute instead of in it. Measured
-with ``benchmarks/write_behind.py`` (2 cores): on ``file://`` and on a local moto S3 server a round
-takes as long either way (the writes' CPU work competes with the compute's second thread); with
-10 ms added to each S3 request, 295 against 391 ms a round. What keeps it safe:
+``s3://``, ``fsync`` on ``file://``) is waited out beside the compute instead of in it; it pays
+where each request has latency (``benchmarks/write_behind.py`` measures it). What keeps it safe:
 
 - one thread, first in first out: the store sees the writes in the order they were made, so a
   crash leaves a prefix of them — what a crash a moment earlier leaves, which resume handles (a
@@ -26,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from components.buffer.store import ObjectStore
+from rftflow.components.buffer.store import ObjectStore
 
 
 class WriteBehind:

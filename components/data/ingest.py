@@ -29,12 +29,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.buffer.layout import CampaignStore, ingest_dir
-from components.config import ContractsConfig
-from components.data.contracts import ContractBounds, Verdict, check_experiences, enforce
-from components.data.experience import SCHEMA, experience_id, make_experience, to_table
-from components.data.tasksets import read_rows, task_id
-from components.explore.engines import encode_prompt
+from rftflow.components.buffer.layout import CampaignStore, ingest_dir
+from rftflow.components.config import ContractsConfig
+from rftflow.components.data.contracts import ContractBounds, Verdict, check_experiences, enforce
+from rftflow.components.data.experience import SCHEMA, experience_id, make_experience, to_table
+from rftflow.components.data.tasksets import read_rows, task_id
+from rftflow.components.explore.engines import encode_prompt
 
 INGEST_KINDS = ("feedback", "expert")
 

@@ -23,8 +23,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.buffer.sampling import drop_zero_variance_groups
-from components.data.tasksets import reasoning_gym_tasks, task_id, tasks_to_table
+from rftflow.components.buffer.sampling import drop_zero_variance_groups
+from rftflow.components.data.tasksets import reasoning_gym_tasks, task_id, tasks_to_table
 
 PIPELINE_KINDS = ("tasks", "experiences")
 _OPERATORS: dict[str, dict[str, Callable]] = {kind: {} for kind in PIPELINE_KINDS}

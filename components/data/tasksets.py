@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.config import ContractsConfig, TasksetConfig
-from components.data.contracts import ContractBounds, ContractError, check, enforce
+from rftflow.components.config import ContractsConfig, TasksetConfig
+from rftflow.components.data.contracts import ContractBounds, ContractError, check, enforce
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
 TASK_SCHEMA = pa.schema(
@@ -276,7 +276,7 @@ def tasks_to_table(tasks: list[Task]) -> pa.Table:
 
 def tasks_from_table(table: pa.Table) -> list[Task]:
     columns = [table.column(name).to_pylist() for name in ("task_id", "question", "prompt", "answer", "metadata")]
-    return [Task(i, q, p, a, json.loads(m or "{}")) for i, q, p, a, m in zip(*columns)]  # column-wise: 1.6x faster
+    return [Task(i, q, p, a, json.loads(m or "{}")) for i, q, p, a, m in zip(*columns)]  # column-wise, not row dicts
 
 
 __all__ = ["Task", "Taskset", "TasksetError", "check_taskset", "load_tasks", "read_rows", "reasoning_gym_tasks",

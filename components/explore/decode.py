@@ -10,10 +10,9 @@ Two implementations of one contract (``step(tokens, positions) -> logits``, ``ke
 Why a second implementation of what transformers does: at the explorer's sizes a decode step is
 a few hundred small tensor ops, and transformers spends longer on the Python around them (the
 module calls, the mask builders, the cache growing by ``torch.cat`` at every step) than on the
-arithmetic: a step of 64 rows of ``builtin:tiny`` costs 5.5 ms through ``model(...)`` and 3.4
-ms here on 2 cores (``benchmarks/decode_step.py``; SmolLM2-135M, 16 rows: 109 and 95 ms, where
-the matmuls dominate). The prefill stays the model's own forward: its K/V are copied into the
-buffers. ``tests/components/explore/test_decode.py`` holds the two to the same logits.
+arithmetic (``benchmarks/decode_step.py`` compares the two; for larger models the matmuls
+dominate and the gap narrows). The prefill stays the model's own forward: its K/V are copied into
+the buffers. ``tests/components/explore/test_decode.py`` holds the two to the same logits.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.explore.models import forward_with_cache
+from rftflow.components.explore.models import forward_with_cache
 
 LEAN_MODELS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 
@@ -114,7 +113,7 @@ class LeanSteps:
         self.length = prompt  # positions filled in the buffers
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # by hand: F.rms_norm measured ~70 µs a call here against ~20 for these five ops
+        # by hand: F.rms_norm's dispatch costs more than these five ops at decode sizes
         if x.dtype == torch.float32:
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(self.eps)) * weight
         wide = x.float()  # half precision: the mean of squares in float32, as the model's RMSNorm does
@@ -176,8 +175,8 @@ _FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (it
 def fused_weights(model) -> list[_Fused]:
     """Each layer's ``_fused`` weights, kept with the model and made again only when one of its
     weights is another tensor or was changed in place since (a weight sync, an optimizer step:
-    each bumps the tensor's version counter). Making them costs ~0.9 ms for builtin:tiny and
-    ~110 ms for SmolLM2-135M here: once per sync, not once per generate batch."""
+    each bumps the tensor's version counter): once per sync, not once per generate batch, as
+    concatenating a real model's projections is not free."""
     sources = [p for layer in model.model.layers for p in _projections(layer)]
     versions = tuple((t.data_ptr(), t._version) for p in sources for t in (p.weight, p.bias) if t is not None)
     kept = _FUSED.get(model)

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from components.explore.decode import decode_steps, prefill
+from rftflow.components.explore.decode import decode_steps, prefill
 
 
 @dataclass
@@ -73,14 +73,14 @@ class HFRolloutEngine:
         if weights.keys() != own.keys():
             self.model.load_state_dict(weights)
             return
-        for name, value in weights.items():  # 0.23 against 0.88 ms for builtin:tiny's 50 tensors
+        for name, value in weights.items():  # in place: no state-dict bookkeeping of load_state_dict
             own[name].copy_(value)
 
     @functools.cached_property
     def _tensors(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict(keep_vars=True)
 
-    @torch.inference_mode()  # no autograd bookkeeping at all: 14.1 -> 13.2 ms for a prefill and 4 steps of 64 rows
+    @torch.inference_mode()  # no autograd bookkeeping at all (no_grad still tracks versions)
     def _generate_batch(
         self, prompts: list[list[int]], n: int, *, max_new_tokens: int, temperature: float, greedy: bool
     ) -> list[Rollout]:
@@ -276,7 +276,7 @@ def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizer
         return OpenAIRolloutEngine(explorer.base_url, explorer.served_model, tokenizer,
                                    batch_size=explorer.batch_size, chat_template=chat_template)
     if explorer.engine == "vllm":
-        from components.explore.models import resolve_model_path
+        from rftflow.components.explore.models import resolve_model_path
 
         model_dir = resolve_model_path(model_config.path, allow_download=model_config.allow_download)
         return VLLMRolloutEngine(model_dir, tokenizer, chat_template=chat_template, seed=seed)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from components.data.experience import experience_id, make_experience, to_table
-from components.explore.rewards import RewardFn
-from components.explore.engines import HFRolloutEngine
-from components.data.tasksets import Task
+from rftflow.components.data.experience import experience_id, make_experience, to_table
+from rftflow.components.explore.rewards import RewardFn
+from rftflow.components.explore.engines import HFRolloutEngine
+from rftflow.components.data.tasksets import Task
 
 
 def explore(engine: HFRolloutEngine, tasks: list[Task], *, campaign: str, round_no: int, repeat_times: int,

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from components.config import cache_dir
+from rftflow.components.config import cache_dir
 
 BUILTIN_PREFIX = "builtin:"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")

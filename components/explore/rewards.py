@@ -18,7 +18,7 @@ import logging
 import re
 from collections.abc import Callable
 
-from components.data.tasksets import REASONING_GYM_PREFIX, Task
+from rftflow.components.data.tasksets import REASONING_GYM_PREFIX, Task
 
 RewardFn = Callable[[str, Task], float]
 

@@ -19,8 +19,8 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from components.buffer.layout import CampaignStore
-from components.explore.engines import cpu_copies
+from rftflow.components.buffer.layout import CampaignStore
+from rftflow.components.explore.engines import cpu_copies
 
 KEEP_PUBLISHED = 3  # published versions kept in the store (a reader may still be loading the one before)
 

@@ -13,9 +13,8 @@ log-probs and gradients are those of the padded layout (up to float rounding). T
 layout is its linear layers' work, N·L positions, plus its attention's, N·L² (query, key) pairs
 under a dense mask whatever it keeps, weighted by ``attention_pair_cost``: long bins save padding
 and pay attention, so the bin size is the cheapest of ``BIN_SIZES`` (``cheapest_bins``), and the
-padded layout stays when no packing costs less. builtin:tiny on 2 cores: 8 prompts × 8 responses
-of ~3 tokens, one bin of ~240 positions instead of 64 × 13 (fwd+bwd 19 against 38 ms); of ~30
-tokens, 8 bins of 256 instead of 64 × 47 (129 against 159 ms; one bin of 512 would take 149).
+padded layout stays when no packing costs less. Short responses pack many rows into one bin;
+long ones into several bins of a few hundred positions (``benchmarks/`` measures both).
 """
 
 from __future__ import annotations
@@ -49,8 +48,7 @@ def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float | None = PA
     and the packed layout when it costs less (``pair_cost``: the model's ``attention_pair_cost``;
     None: a model that does not pack, ``packs``, so no packed layout is worked out).
 
-    Each tensor is made by one ``torch.tensor`` call over padded lists (a call per row took 1.7 ms
-    for a round's 64 rows, this ~0.4 ms)."""
+    Each tensor is made by one ``torch.tensor`` call over padded lists, not a call per row."""
     P = max(len(r["prompt_ids"]) for r in rows)
     R = max(len(r["response_ids"]) for r in rows)
     ids, attention, mask = [], [], []

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-from components.train.trainer import Trainer
+from rftflow.components.train.trainer import Trainer
 
 
 OPTIMIZER, CRITIC_OPTIMIZER = "optimizer.pt", "critic_optimizer.pt"

@@ -15,8 +15,8 @@ import torch
 from accelerate import Accelerator
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
-from components.algorithms import value_loss
-from components.train.optim import adamw
+from rftflow.components.algorithms import value_loss
+from rftflow.components.train.optim import adamw
 
 
 class Critic:

@@ -9,7 +9,7 @@ import torch
 
 def adamw(params, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW with torch's fused kernel (one pass over all parameters, CPU and CUDA): the same
-    update as the default per-tensor loop, ~6 ms less per step for builtin:tiny on 2 cores."""
+    update as the default per-tensor loop, without its per-tensor overhead."""
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
 
 

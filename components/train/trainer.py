@@ -17,12 +17,12 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedModel
 
-from components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, get_loss, kl_penalty, regularized
-from components.config import TrainerConfig
-from components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, packs,
+from rftflow.components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, get_loss, kl_penalty, regularized
+from rftflow.components.config import TrainerConfig
+from rftflow.components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, packs,
                                       response_logits, response_logprobs)
-from components.train.critic import Critic
-from components.train.optim import adamw, cosine
+from rftflow.components.train.critic import Critic
+from rftflow.components.train.optim import adamw, cosine
 
 Row = Mapping[str, Any]
 

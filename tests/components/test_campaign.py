@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from components.algorithms import PRESETS
-from components.campaign import ROUND, Campaign
-from components.config import load_config
+from rftflow.components.algorithms import PRESETS
+from rftflow.components.campaign import ROUND, Campaign
+from rftflow.components.config import load_config
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def started(tmp_path, default_config, small):
 
 
 def test_the_round_is_one_list_of_stage_methods_that_the_flow_walks_too():
-    from tasks.stages import TASKS
+    from rftflow.tasks.stages import TASKS
 
     assert ROUND == ("explore", "verify", "buffer", "train", "sync")
     assert all(callable(getattr(Campaign, stage)) for stage in ROUND)
@@ -99,9 +99,9 @@ def test_replay_buffer_and_curriculum_run_in_a_campaign(started):
 
 
 def test_prioritize_orders_train_tasks_by_pass_rates_measured_in_the_store(tmp_path, default_config, small):
-    from components.buffer.layout import CampaignStore
-    from components.buffer.store import open_store
-    from components.data.tasksets import load_tasks
+    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.store import open_store
+    from rftflow.components.data.tasksets import load_tasks
 
     cfg = load_config(default_config, [*small, "name=second", f"storage.url={(tmp_path / 'store').as_uri()}",
                                "explorer.task_selector=sequential", "pipelines.tasks=[{op: prioritize, target: 0.0}]"])
@@ -118,7 +118,7 @@ def test_prioritize_orders_train_tasks_by_pass_rates_measured_in_the_store(tmp_p
 
 
 def test_a_round_past_the_contract_threshold_fails_and_keeps_its_bad_rows(started):
-    from components.data.contracts import ContractError
+    from rftflow.components.data.contracts import ContractError
 
     # rewards below 0.5 break this contract: the barely trained policy gets most answers wrong
     campaign = started("name=strict", "algorithm.name=grpo", "contracts.reward_min=0.5")
@@ -154,7 +154,7 @@ def test_with_a_gpu_the_explorer_decodes_and_the_trainer_trains_on_it(started):
 
 
 def test_the_rounds_take_the_train_split_the_store_holds(tmp_path, default_config, small):
-    from components.data.tasksets import tasks_from_table
+    from rftflow.components.data.tasksets import tasks_from_table
 
     fresh = Campaign(default_config, tmp_path / "fresh", [*small, "name=split"])
     fresh.prepare()  # hands over the split it stored

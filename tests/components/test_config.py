@@ -1,6 +1,6 @@
 import pytest
 
-from components.config import CampaignConfig, ConfigError, load_config
+from rftflow.components.config import CampaignConfig, ConfigError, load_config
 
 
 def test_defaults_validate_and_default_campaign_loads(default_config):

@@ -1,7 +1,7 @@
 """``Tracker`` on a real SQLite MLflow store: deferred metrics reach the run together, once per
 step and key, and nothing held back is lost when the run ends."""
 
-from components.tracking import Tracker
+from rftflow.components.tracking import Tracker
 
 
 def _logged(tracker: Tracker, key: str) -> list[tuple[int, float]]:
@@ -42,7 +42,7 @@ def _schema(path) -> tuple[str, set, list]:
 def test_a_new_sqlite_store_is_a_copy_of_the_one_mlflow_sets_up(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from components.tracking import seed_sqlite_store
+    from rftflow.components.tracking import seed_sqlite_store
 
     monkeypatch.setenv("RFTFLOW_CACHE_DIR", str(tmp_path / "cache"))
     plain = tmp_path / "plain.db"

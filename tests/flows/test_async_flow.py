@@ -12,7 +12,7 @@ def test_async_flow_overlaps_exploring_the_next_round_with_training(prefect_api,
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from flows.campaign import rft_campaign
+    from rftflow.flows.campaign import rft_campaign
 
     overrides = [*small, "name=async", "mode=async", "rounds=3", "trainer.warmup_steps=4", "threads=1",
                  "buffer.expert_per_round=256"]  # a train stage long enough to see the overlap

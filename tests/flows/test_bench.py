@@ -9,9 +9,9 @@ import json
 def test_bench_evaluates_three_versions_in_one_run(prefect_api, tmp_path, default_config, small):
     from mlflow import MlflowClient
 
-    from components.preflight import preflight
-    from components.run import CampaignRun
-    from flows.campaign import rft_campaign
+    from rftflow.components.preflight import preflight
+    from rftflow.components.run import CampaignRun
+    from rftflow.flows.campaign import rft_campaign
 
     campaign = [*small, "checkpoint.every=1", "checkpoint.keep_last=3", "trainer.warmup_steps=20"]
     summary = CampaignRun(preflight(default_config, tmp_path / "run", campaign)).run()
@@ -33,7 +33,7 @@ def test_bench_evaluates_three_versions_in_one_run(prefect_api, tmp_path, defaul
 
 
 def test_bench_names_a_model_it_cannot_find_in_one_line(prefect_api, tmp_path, default_config, small):
-    from flows.campaign import rft_campaign
+    from rftflow.flows.campaign import rft_campaign
 
     state = rft_campaign(str(default_config), str(tmp_path / "run"), return_state=True, overrides=[
         *small, "mode=bench", 'bench.models=["checkpoint:7"]'])

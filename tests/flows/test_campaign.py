@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from components.config import load_config
-from components.data.experience import SCHEMA
+from rftflow.components.config import load_config
+from rftflow.components.data.experience import SCHEMA
 
 pytestmark = pytest.mark.slow  # a whole campaign through Prefect
 
@@ -19,7 +19,7 @@ E2E = ["name=e2e", "eval.every=1", "pipelines.experiences=[{op: dedupe}, {op: le
 
 @pytest.fixture(scope="module")
 def finished(prefect_api, tmp_path_factory, default_config, small):
-    from flows.campaign import rft_campaign
+    from rftflow.flows.campaign import rft_campaign
 
     run_dir = tmp_path_factory.mktemp("campaign")
     cfg = load_config(default_config, [*small, *E2E])
@@ -160,7 +160,7 @@ def test_registered_model_version_loads_with_transformers_and_answers(finished, 
 def test_buffer_cli_lists_shows_and_exports_what_the_campaign_stored(finished, tmp_path):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from rftflow.flows.cli import app
 
     cfg, run_dir, summary = finished
     runner = CliRunner()
@@ -204,9 +204,9 @@ def test_a_contract_failure_in_prepare_is_not_retried_and_keeps_its_rows(prefect
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from components.buffer.layout import CampaignStore
-    from components.buffer.store import open_store
-    from flows.campaign import rft_campaign
+    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.store import open_store
+    from rftflow.flows.campaign import rft_campaign
 
     # every demonstration's prompt is longer than 2 tokens: the expert contract fails the batch
     cfg = load_config(default_config, [*small, "name=strict-prep", "contracts.max_prompt_tokens=2"])
@@ -228,7 +228,7 @@ def test_task_runs_auto_over_its_share_runs_the_rounds_after_the_first_several_t
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from flows.campaign import rft_campaign
+    from rftflow.flows.campaign import rft_campaign
 
     # a share of 0: any cost of Prefect's is over it
     summary = rft_campaign(str(default_config), str(tmp_path), overrides=[*small, "name=auto", "rounds=3",
@@ -263,10 +263,10 @@ def test_a_signal_stops_a_task_run_of_rounds_after_its_current_round(prefect_api
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
     from prefect.logging.handlers import APILogWorker
 
-    from components.buffer.state import StateStore
-    from components.buffer.store import open_store
-    from components.campaign import Campaign
-    from flows.campaign import rft_campaign
+    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.buffer.store import open_store
+    from rftflow.components.campaign import Campaign
+    from rftflow.flows.campaign import rft_campaign
 
     train = Campaign.train
 
@@ -302,7 +302,7 @@ def test_with_task_runs_round_a_round_is_one_task_run_and_each_stage_is_still_ti
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from flows.campaign import rft_campaign
+    from rftflow.flows.campaign import rft_campaign
 
     summary = rft_campaign(str(default_config), str(tmp_path), overrides=[*small, "name=per-round", "task_runs=round"])
     with get_client(sync_client=True) as client:

@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from rftflow.flows.cli import app
 from tests.components.test_preflight import BAD
 
 

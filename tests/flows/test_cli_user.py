@@ -97,7 +97,7 @@ def test_ingest_expert_and_status_of_an_s3_store_by_url(cli_env, tmp_path, s3_se
 
 
 def test_the_readme_documents_every_exit_code_the_cli_uses():
-    from flows import cli
+    from rftflow.flows import cli
 
     readme = (ROOT / "README.md").read_text()
     table = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d+) \| ([^|]+) \|$", readme, re.M)}

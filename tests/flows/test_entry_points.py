@@ -7,13 +7,13 @@ import signal
 
 import pytest
 
-from components.config import ConfigError
+from rftflow.components.config import ConfigError
 
 
 @pytest.mark.parametrize("as_mapping", [True, False], ids=["mapping", "yaml path"])
 def test_the_flow_called_with_bad_input_fails_before_any_work(prefect_api, tmp_path, default_config, as_mapping):
-    from components.config import load_config
-    from flows.campaign import rft_campaign
+    from rftflow.components.config import load_config
+    from rftflow.flows.campaign import rft_campaign
 
     config = load_config(default_config).model_dump(mode="json") if as_mapping else str(default_config)
     overrides = ["storage.url=ftp://x/y"]
@@ -30,7 +30,7 @@ def test_a_deployment_run_passes_the_same_gate(prefect_api, tmp_path, default_co
     from prefect import get_client
     from prefect.runner import Runner
 
-    from flows.campaign import rft_campaign
+    from rftflow.flows.campaign import rft_campaign
 
     runner = Runner(name="gate-test")
     deployment = runner.add_flow(rft_campaign, name="gate-test", parameters={"config": str(default_config)})
@@ -58,7 +58,7 @@ def test_date_templates_give_each_scheduled_run_its_own_name_and_run_dir(prefect
 
     from prefect import get_client
 
-    from flows.campaign import rft_campaign
+    from rftflow.flows.campaign import rft_campaign
 
     today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     state = rft_campaign(str(default_config), str(tmp_path / "{date}"), return_state=True,

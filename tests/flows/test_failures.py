@@ -33,9 +33,9 @@ def _mlflow_runs(run_dir) -> list:
 
 
 def _state(run_dir, name: str):
-    from components.buffer.layout import recorded_store
-    from components.buffer.state import StateStore
-    from components.buffer.store import open_store
+    from rftflow.components.buffer.layout import recorded_store
+    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.buffer.store import open_store
 
     url, options = recorded_store(run_dir)
     return StateStore(open_store(url, **options), name).read()
@@ -114,7 +114,7 @@ def test_a_truncated_newest_checkpoint_is_set_aside_and_the_one_before_resumes_t
 def test_with_no_whole_checkpoint_the_campaign_ends_failed_and_status_says_why(cli_env, tmp_path):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from rftflow.flows.cli import app
 
     run_dir = tmp_path / "run"
     _stop_after(run_dir, "checkpoint[r=2]", cli_env)
@@ -136,7 +136,7 @@ def test_with_no_whole_checkpoint_the_campaign_ends_failed_and_status_says_why(c
 
 def test_a_store_that_hangs_fails_after_its_outage_budget_and_the_same_command_resumes(cli_env, tmp_path, s3_server,
                                                                                      s3_bucket):
-    from components.buffer.store import open_store
+    from rftflow.components.buffer.store import open_store
     from tests.faultproxy import FaultProxy
 
     direct = open_store(f"s3://{s3_bucket}/c", endpoint_url=s3_server.endpoint_url)

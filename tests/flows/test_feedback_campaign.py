@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from components.buffer.layout import CampaignStore
-from components.buffer.sampling import expert_pool
-from components.campaign import Campaign
-from flows.cli import app
+from rftflow.components.buffer.layout import CampaignStore
+from rftflow.components.buffer.sampling import expert_pool
+from rftflow.components.campaign import Campaign
+from rftflow.flows.cli import app
 
 pytestmark = pytest.mark.slow  # ingest, then a whole campaign through Prefect
 
@@ -40,7 +40,7 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
 
     from mlflow import MlflowClient
 
-    from flows.campaign import rft_campaign
+    from rftflow.flows.campaign import rft_campaign
 
     summary = rft_campaign(str(default_config), str(tmp_path / "run"), overrides=settings)  # the real flow
     campaign = Campaign(default_config, tmp_path / "run", settings)  # reopens the run's store

@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from components.data.pipelines import register_operator
+from rftflow.components.data.pipelines import register_operator
 
 pytestmark = pytest.mark.slow  # three campaigns through Prefect
 
@@ -35,7 +35,7 @@ def _weights(run_dir) -> str:
 def test_a_flow_retry_resumes_from_the_newest_checkpoint(prefect_api, tmp_path, default_config, small):
     from mlflow import MlflowClient
 
-    from flows.campaign import rft_campaign
+    from rftflow.flows.campaign import rft_campaign
 
     overrides = [*small, *RETRY]
     ARMED["fail"] = False

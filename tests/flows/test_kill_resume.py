@@ -41,7 +41,7 @@ STEPS = ["prepare[r=0]", "warm_start[r=0]", "evaluate[r=0]", "checkpoint[r=0]"] 
 
 
 def rftflow(run_dir: Path, *extra: str, env: dict) -> subprocess.Popen:
-    args = [sys.executable, "-m", "flows.cli", "run", "--run-dir", str(run_dir), "--no-progress"]
+    args = [sys.executable, "-m", "rftflow.flows.cli", "run", "--run-dir", str(run_dir), "--no-progress"]
     args += [a for s in [*CAMPAIGN, f"taskset.source={env['TASKS']}", *extra] for a in ("--set", s)]
     return subprocess.Popen(args, cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -86,8 +86,8 @@ def check_trial(run_dir: Path, reference: dict) -> None:
     """The campaign in ``run_dir`` is whole, once, and the uninterrupted one's."""
     from mlflow import MlflowClient
 
-    from components.buffer.layout import CampaignStore, recorded_store
-    from components.buffer.store import open_store
+    from rftflow.components.buffer.layout import CampaignStore, recorded_store
+    from rftflow.components.buffer.store import open_store
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_accuracy_after"] == reference["accuracy"]
@@ -219,9 +219,9 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(trial, runs, env, refe
 
 
 def _attempts(run_dir: Path) -> list[dict]:
-    from components.buffer.layout import recorded_store
-    from components.buffer.state import StateStore
-    from components.buffer.store import open_store
+    from rftflow.components.buffer.layout import recorded_store
+    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.buffer.store import open_store
 
     url, options = recorded_store(run_dir)
     return [vars(a) for a in StateStore(open_store(url, **options), "killed").read().attempts]

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from flows.prefect_api import quiet_retried_flush
+from rftflow.flows.prefect_api import quiet_retried_flush
 
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import json, os, time, urllib.request
 from pathlib import Path
-import flows
+import rftflow.flows
 from prefect import flow, get_client, task
 from prefect.cache_policies import NO_CACHE
 from prefect.settings import PREFECT_API_URL
-from flows.prefect_api import booting_prefect_api, embedded_prefect_api
+from rftflow.flows.prefect_api import booting_prefect_api, embedded_prefect_api
 
 @task(cache_policy=NO_CACHE, task_run_name="step[r={i}]")
 def step(i):

@@ -18,10 +18,10 @@ def test_only_a_clearly_better_challenger_becomes_champion(prefect_api, tmp_path
     from mlflow import MlflowClient
     from typer.testing import CliRunner
 
-    from components.preflight import preflight
-    from components.promotion import promote
-    from components.run import CampaignRun
-    from flows.cli import app
+    from rftflow.components.preflight import preflight
+    from rftflow.components.promotion import promote
+    from rftflow.components.run import CampaignRun
+    from rftflow.flows.cli import app
 
     tasks = tmp_path / "compare.jsonl"
     tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))

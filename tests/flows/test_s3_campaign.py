@@ -4,9 +4,9 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 from typer.testing import CliRunner
 
-from components.campaign import Campaign
-from components.data.experience import SCHEMA
-from flows.cli import app
+from rftflow.components.campaign import Campaign
+from rftflow.components.data.experience import SCHEMA
+from rftflow.flows.cli import app
 
 
 def test_campaign_on_s3_is_readable_by_plain_pyarrow(s3_server, s3_bucket, tmp_path, monkeypatch, default_config, small):

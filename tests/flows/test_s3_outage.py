@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from components.buffer.store import open_store
-from components.preflight import preflight
-from components.run import CampaignRun
+from rftflow.components.buffer.store import open_store
+from rftflow.components.preflight import preflight
+from rftflow.components.run import CampaignRun
 from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.slow  # outages of 11-15 s
@@ -70,7 +70,7 @@ def test_an_outage_within_the_budget_is_ridden_out(s3_server, s3_bucket, tmp_pat
 
 def test_an_outage_past_the_budget_fails_in_one_line_and_resumes(prefect_api, s3_server, s3_bucket, tmp_path,
                                                                 default_config, small, undisturbed):
-    from flows.campaign import rft_campaign
+    from rftflow.flows.campaign import rft_campaign
 
     with FaultProxy(urlsplit(s3_server.endpoint_url).port) as proxy:
         overrides = [*small, *OUTAGE, *_store(s3_bucket, proxy), "storage.outage_seconds=4", "storage.max_attempts=2"]

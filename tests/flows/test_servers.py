@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.servers import free_port
+from rftflow.flows.servers import free_port
 
 pytestmark = pytest.mark.slow  # two servers start
 
@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def rftflow(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rftflow.flows.cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
 def test_up_serves_the_run_dirs_mlflow_and_prefect_homes_runs_and_down_stops_them(tmp_path):
-    from components.tracking import Tracker
+    from rftflow.components.tracking import Tracker
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

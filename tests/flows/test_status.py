@@ -2,9 +2,9 @@
 
 from typer.testing import CliRunner
 
-from components.preflight import preflight
-from components.run import CampaignRun
-from flows.cli import app
+from rftflow.components.preflight import preflight
+from rftflow.components.run import CampaignRun
+from rftflow.flows.cli import app
 
 CAMPAIGN = ["name=told", "rounds=2", "checkpoint.every=1", "eval.every=1"]
 

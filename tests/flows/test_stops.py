@@ -59,8 +59,8 @@ def _whole(run_dir, name: str, store=None, rounds: int = ROUNDS) -> dict:
     """Every round stored once, one MLflow run FINISHED with one value per metric and step; the summary."""
     from mlflow import MlflowClient
 
-    from components.buffer.layout import CampaignStore, recorded_store
-    from components.buffer.store import open_store
+    from rftflow.components.buffer.layout import CampaignStore, recorded_store
+    from rftflow.components.buffer.store import open_store
 
     summary = json.loads((run_dir / "summary.json").read_text())
     url, options = recorded_store(run_dir)
@@ -124,8 +124,8 @@ def test_a_supervisor_sigterm_to_the_group_mid_round_stops_after_the_stage(embed
 
 def test_ctrl_c_during_a_slow_checkpoint_write_lets_it_finish_and_resumes_from_it(embedded_env, tmp_path, s3_server,
                                                                                  s3_bucket):
-    from components.buffer.layout import CampaignStore
-    from components.buffer.store import open_store
+    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.store import open_store
     from tests.faultproxy import FaultProxy
 
     direct = open_store(f"s3://{s3_bucket}/c", endpoint_url=s3_server.endpoint_url)
@@ -173,9 +173,9 @@ def test_a_cancel_in_prefect_stops_the_campaign_and_the_same_command_resumes(cli
     _whole(run_dir, "cancelled", rounds=60)
     flow_run = httpx.get(f"{cli_env['PREFECT_API_URL']}/flow_runs/{flow_run_id}", timeout=30).json()
     assert flow_run["state"]["type"] == "CANCELLED"
-    from components.buffer.layout import recorded_store
-    from components.buffer.state import StateStore
-    from components.buffer.store import open_store
+    from rftflow.components.buffer.layout import recorded_store
+    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.buffer.store import open_store
 
     state = StateStore(open_store(recorded_store(run_dir)[0]), "cancelled").read()
     assert [a.outcome for a in state.attempts] == ["interrupted", "finished"]

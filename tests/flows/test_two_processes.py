@@ -26,7 +26,7 @@ def test_explorer_and_trainer_processes_complete_one_campaign(cli_env, tmp_path,
               "sync.timeout_seconds=300"]
     procs = {}
     for mode in ("explore", "train"):  # the explorer first: it waits for the trainer's taskset and weights
-        args = [sys.executable, "-m", "flows.cli", "run", str(default_config), "--run-dir", str(tmp_path / mode),
+        args = [sys.executable, "-m", "rftflow.flows.cli", "run", str(default_config), "--run-dir", str(tmp_path / mode),
                 "--no-progress", "--mode", mode, *[a for s in shared for a in ("--set", s)]]
         procs[mode] = subprocess.Popen(args, cwd=Path(__file__).resolve().parents[2], env=cli_env, text=True,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -47,8 +47,8 @@ def test_explorer_and_trainer_processes_complete_one_campaign(cli_env, tmp_path,
     assert summaries["explore"]["prefect_flow_run_id"] != summaries["train"]["prefect_flow_run_id"]
     assert summaries["train"]["eval_accuracy_after"] is not None and summaries["train"]["model_version"] == "1"
 
-    from components.buffer.layout import CampaignStore
-    from components.buffer.store import open_store
+    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.store import open_store
 
     usual = CampaignStore(open_store(store), "arith-mix").read_kind("usual")
     for r in range(1, ROUNDS + 1):  # the trainer trains round r at version r (1 after the warm start, +1 a round)

@@ -25,7 +25,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
 
 def cli(*args: str) -> list[str]:
     """The command line of ``rftflow ARGS`` in this interpreter."""
-    return [sys.executable, "-m", "flows.cli", *args]
+    return [sys.executable, "-m", "rftflow.flows.cli", *args]
 
 
 def sets(*assignments: str) -> list[str]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from components.algorithms import (
+from rftflow.components.algorithms import (
     gae_advantages, get_advantage, grpo_advantages, opmd_advantages, reinforce_pp_advantages, rloo_advantages,
 )
 

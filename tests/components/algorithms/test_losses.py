@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from components.algorithms import (
+from rftflow.components.algorithms import (
     aggregate, dpo_loss, get_advantage, get_loss, grpo_advantages, kl_penalty, mix_loss, ppo_clip_loss,
     register_advantage, sft_loss, value_loss,
 )
@@ -157,13 +157,13 @@ def test_gspo_sequence_ratio_is_the_geometric_mean_of_token_ratios():
 
 
 def test_entropy_of_uniform_logits_is_log_vocab():
-    from components.algorithms import entropy_from_logits
+    from rftflow.components.algorithms import entropy_from_logits
 
     assert_close(entropy_from_logits(torch.zeros(2, 3, 7)), torch.full((2, 3), math.log(7)))
 
 
 def test_regularized_adds_kl_and_subtracts_entropy_bonus():
-    from components.algorithms import regularized
+    from rftflow.components.algorithms import regularized
 
     logprobs = torch.tensor([[0.0, -1.0]])
     ref = torch.tensor([[0.5, -1.0]])  # d = [−.5, 0]; k1 token-mean = −.25
@@ -177,7 +177,7 @@ def test_regularized_adds_kl_and_subtracts_entropy_bonus():
 
 
 def test_opmd_loss_is_advantage_weighted_nll_shrunk_by_tau():
-    from components.algorithms import opmd_loss
+    from rftflow.components.algorithms import opmd_loss
 
     # l = −A·logprobs = [1, 2] → token-mean 1.5, / (1 + τ) with τ = 1
     loss = opmd_loss(torch.tensor([[-1.0, -2.0]]), torch.tensor([1.0]), torch.ones(1, 2), tau=1.0)

@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from components.algorithms import PRESETS, resolve
-from components.config import ConfigError, load_config
+from rftflow.components.algorithms import PRESETS, resolve
+from rftflow.components.config import ConfigError, load_config
 
 
 def test_presets_resolve_and_config_keys_override_them():

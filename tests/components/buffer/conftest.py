@@ -3,7 +3,7 @@
 
 import pytest
 
-from components.buffer.store import open_store
+from rftflow.components.buffer.store import open_store
 
 
 @pytest.fixture(params=["file", "s3"])

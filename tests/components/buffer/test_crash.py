@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from components.buffer.shards import COMMIT_DIR, committed_shards, read_committed, read_shard
-from components.buffer.store import open_store
+from rftflow.components.buffer.shards import COMMIT_DIR, committed_shards, read_committed, read_shard
+from rftflow.components.buffer.store import open_store
 
 pytestmark = pytest.mark.slow  # SIGKILL trials in subprocesses
 
@@ -30,8 +30,8 @@ WRITER = """
 import json, sys
 import numpy as np
 import pyarrow as pa
-from components.buffer.shards import write_shard
-from components.buffer.store import open_store
+from rftflow.components.buffer.shards import write_shard
+from rftflow.components.buffer.store import open_store
 
 url, options, prefix, parts, rows = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 store = open_store(url, **options)

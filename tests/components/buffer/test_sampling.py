@@ -6,15 +6,15 @@ import random
 import pyarrow as pa
 import pytest
 
-from components.buffer.layout import CampaignStore
-from components.buffer.sampling import (
+from rftflow.components.buffer.layout import CampaignStore
+from rftflow.components.buffer.sampling import (
     drop_stale, drop_zero_variance_groups, first_groups, informative_groups, preference_pairs, stratified_order,
     take_fifo, take_replay,
 )
-from components.buffer.selectors import PassRates, select_tasks
-from components.buffer.store import open_store
-from components.data.experience import make_experience, to_table
-from components.data.tasksets import Task
+from rftflow.components.buffer.selectors import PassRates, select_tasks
+from rftflow.components.buffer.store import open_store
+from rftflow.components.data.experience import make_experience, to_table
+from rftflow.components.data.tasksets import Task
 
 
 def _round(round_no: int, groups: int = 3, size: int = 2, version: int | None = None) -> pa.Table:
@@ -195,9 +195,9 @@ def _expert(n: int) -> pa.Table:
 
 
 def _sampler(store, *, micro_batch_size=4, epochs=1, algorithm="mix", **buffer):
-    from components.algorithms import resolve
-    from components.buffer.sampling import Sampler
-    from components.config import BufferConfig
+    from rftflow.components.algorithms import resolve
+    from rftflow.components.buffer.sampling import Sampler
+    from rftflow.components.config import BufferConfig
 
     return Sampler(store, BufferConfig(**buffer), resolve(algorithm), micro_batch_size=micro_batch_size,
                    epochs=epochs, round_rows=6, groups_per_round=3, seed=0)

@@ -5,10 +5,10 @@ import socket
 
 import pytest
 
-from components.buffer.state import (
+from rftflow.components.buffer.state import (
     Attempt, CampaignState, StateConflict, StateStore, config_changes, fingerprint, now,
 )
-from components.buffer.store import open_store
+from rftflow.components.buffer.store import open_store
 
 
 def _state(**config) -> CampaignState:
@@ -56,7 +56,7 @@ def test_config_changes_name_the_keys_and_ignore_operational_ones():
 
 
 def test_a_key_added_by_a_newer_version_is_a_change_only_off_its_default():
-    from components.config import CampaignConfig
+    from rftflow.components.config import CampaignConfig
 
     new = CampaignConfig().model_dump(mode="json")
     old = {**new, "promotion": {k: v for k, v in new["promotion"].items() if k != "after_campaign"}}

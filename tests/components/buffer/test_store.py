@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from botocore.exceptions import ClientError
 
-from components.buffer.shards import ShardError, committed_shards, read_committed, shard_key, write_shard
-from components.buffer.store import FileStore, S3Store, StoreUnavailable, open_store
+from rftflow.components.buffer.shards import ShardError, committed_shards, read_committed, shard_key, write_shard
+from rftflow.components.buffer.store import FileStore, S3Store, StoreUnavailable, open_store
 
 MiB = 1024 * 1024
 
@@ -71,7 +71,7 @@ def test_shard_is_invisible_until_committed_and_rewrites_are_idempotent(store):
 
 
 def test_a_staging_shard_is_read_back_as_committed_by_whoever_committed_it(open_at):
-    from components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.layout import CampaignStore
 
     rows = pa.table({"x": pa.array([1, 2, 3], pa.int32()), "tag": ["a", None, "c"]})
     writer, reader = CampaignStore(open_at(), "c1"), CampaignStore(open_at(), "c1")
@@ -324,8 +324,8 @@ def test_file_urls_round_trip_through_as_uri(tmp_path):
 
 
 def test_config_refuses_credentials_in_storage_urls_without_echoing_them(monkeypatch):
-    from components.buffer.store import store_options
-    from components.config import ConfigError, load_config
+    from rftflow.components.buffer.store import store_options
+    from rftflow.components.config import ConfigError, load_config
 
     for key, url in (("storage.url", "s3://AKID:SECRET-x1@bucket/p"),
                      ("storage.endpoint_url", "http://user:SECRET-x1@127.0.0.1:9000")):

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.buffer.layout import CampaignStore
-from components.buffer.shards import ShardError, committed_shards, encode_shard, is_committed, read_shard, shard_key
-from components.data.experience import make_experience, to_table
+from rftflow.components.buffer.layout import CampaignStore
+from rftflow.components.buffer.shards import ShardError, committed_shards, encode_shard, is_committed, read_shard, shard_key
+from rftflow.components.data.experience import make_experience, to_table
 
 
 class GatedStore:

@@ -7,15 +7,15 @@ import math
 import pyarrow as pa
 import pytest
 
-from components.buffer.layout import CampaignStore
-from components.buffer.sampling import expert_pool
-from components.buffer.store import open_store
-from components.config import ContractsConfig, TasksetConfig
-from components.data.contracts import ContractBounds, ContractError, check, enforce
-from components.data.experience import make_experience, to_table
-from components.data.ingest import store_ingested, validate_file
-from components.data.report import ValidationEntry, validation_report
-from components.data.tasksets import TasksetError, validated_tasks
+from rftflow.components.buffer.layout import CampaignStore
+from rftflow.components.buffer.sampling import expert_pool
+from rftflow.components.buffer.store import open_store
+from rftflow.components.config import ContractsConfig, TasksetConfig
+from rftflow.components.data.contracts import ContractBounds, ContractError, check, enforce
+from rftflow.components.data.experience import make_experience, to_table
+from rftflow.components.data.ingest import store_ingested, validate_file
+from rftflow.components.data.report import ValidationEntry, validation_report
+from rftflow.components.data.tasksets import TasksetError, validated_tasks
 
 
 def _row(i, **overrides):
@@ -78,7 +78,7 @@ def test_values_hidden_under_a_null_list_are_not_read():
 
 
 def test_an_expectation_that_cannot_run_fails_the_check_instead_of_passing_rows(monkeypatch):
-    import components.data.contracts as contracts
+    import rftflow.components.data.contracts as contracts
 
     real = contracts._experience_frame
     monkeypatch.setattr(contracts, "_experience_frame", lambda table, kind: real(table, kind).drop(columns=["reward"]))

@@ -3,10 +3,10 @@
 import pyarrow as pa
 import pytest
 
-from components.data.experience import make_experience, to_table
-from components.data.pipelines import check_pipeline, register_operator, run_pipeline
-from components.buffer.selectors import PassRates
-from components.data.tasksets import Task, tasks_to_table
+from rftflow.components.data.experience import make_experience, to_table
+from rftflow.components.data.pipelines import check_pipeline, register_operator, run_pipeline
+from rftflow.components.buffer.selectors import PassRates
+from rftflow.components.data.tasksets import Task, tasks_to_table
 
 
 def _tasks(*qa):

@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from components.config import TasksetConfig
-from components.explore.rewards import make_reward_fn
-from components.buffer.selectors import select_tasks
-from components.data.tasksets import TasksetError, check_taskset, load_tasks
+from rftflow.components.config import TasksetConfig
+from rftflow.components.explore.rewards import make_reward_fn
+from rftflow.components.buffer.selectors import select_tasks
+from rftflow.components.data.tasksets import TasksetError, check_taskset, load_tasks
 
 ARITH = dict(source="reasoning_gym:chain_sum", params={"min_terms": 2, "max_terms": 2, "max_digits": 2},
              size=3000, eval_size=100, prompt_template="{expression} =")

@@ -1,7 +1,7 @@
 import math
 
-from components.data.experience import make_experience, to_table
-from components.data.contracts import ContractBounds, check_experiences
+from rftflow.components.data.experience import make_experience, to_table
+from rftflow.components.data.contracts import ContractBounds, check_experiences
 
 
 def _row(i, **overrides):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from components.explore.decode import CacheSteps, LeanSteps, decode_steps, lean_unsupported, prefill
+from rftflow.components.explore.decode import CacheSteps, LeanSteps, decode_steps, lean_unsupported, prefill
 
 
 def both_ways(model, prompts, n: int, steps: int, vocab: int, drop_at: int):
@@ -76,7 +76,7 @@ def test_other_models_take_their_own_forward(tiny):
 @pytest.mark.parametrize("greedy", [True, False])
 def test_engine_samples_the_same_through_either_steps(tiny, greedy):
     """The engine's rollouts (tokens and log-probs) do not depend on which steps it takes."""
-    from components.explore.engines import HFRolloutEngine
+    from rftflow.components.explore.engines import HFRolloutEngine
 
     model, tokenizer = tiny
     prompts = ["12+7=", "3+45+6=", "9="]
@@ -113,7 +113,7 @@ def test_a_hooked_or_adapted_model_takes_its_own_forward(tiny):
 def test_fused_weights_follow_a_weight_sync(tiny):
     """The concatenated weights are kept between generate batches, and made again after the
     model's weights change in place (as a weight sync does)."""
-    from components.explore.decode import fused_weights
+    from rftflow.components.explore.decode import fused_weights
 
     model = copy.deepcopy(tiny[0]).eval()
     first = fused_weights(model)

@@ -3,8 +3,8 @@
 import torch
 from torch.testing import assert_close
 
-from components.explore.engines import HFRolloutEngine
-from components.train.batching import batch_tensors, response_logprobs
+from rftflow.components.explore.engines import HFRolloutEngine
+from rftflow.components.train.batching import batch_tensors, response_logprobs
 
 
 def test_behaviour_logprobs_match_trainer_recomputation(tiny):
@@ -75,11 +75,11 @@ def test_rows_that_finish_early_leave_the_batch_and_keep_exact_logprobs(tiny):
 def test_evaluation_splits_accuracy_into_finished_answers_and_their_accuracy(tiny):
     import copy
 
-    from components.algorithms import resolve
-    from components.config import TrainerConfig
-    from components.data.tasksets import Task
-    from components.explore.explorer import evaluate
-    from components.train.trainer import Trainer
+    from rftflow.components.algorithms import resolve
+    from rftflow.components.config import TrainerConfig
+    from rftflow.components.data.tasksets import Task
+    from rftflow.components.explore.explorer import evaluate
+    from rftflow.components.train.trainer import Trainer
 
     model, tokenizer = tiny
     tasks = [Task(f"t{i}", f"{i} + {i}", f"{i} + {i} =", str(2 * i)) for i in range(5, 29)]

@@ -1,6 +1,6 @@
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from components.explore.models import resolve_model_path
+from rftflow.components.explore.models import resolve_model_path
 
 
 def test_builtin_tiny_is_a_qwen2_model_directory_loaded_by_auto_classes(tiny):
@@ -25,7 +25,7 @@ def test_char_tokenizer_round_trips_text_one_token_per_character(tiny):
 def test_a_gguf_file_or_a_directory_with_one_is_a_model_path(tmp_path):
     import pytest
 
-    from components.explore.models import check_model_path, resolve_model_path
+    from rftflow.components.explore.models import check_model_path, resolve_model_path
 
     gguf = tmp_path / "one" / "m.Q4.gguf"
     gguf.parent.mkdir()

@@ -2,8 +2,8 @@
 
 import pytest
 
-from components.data.tasksets import Task
-from components.explore.rewards import make_reward_fn
+from rftflow.components.data.tasksets import Task
+from rftflow.components.explore.rewards import make_reward_fn
 
 TASK = Task(task_id="t", question="47 + 38", prompt="What is 47 + 38?", answer="85")
 

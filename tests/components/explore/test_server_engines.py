@@ -13,7 +13,7 @@ import pyarrow.compute  # noqa: F401
 import pytest
 import torch
 
-from infra.vllm_server import VLLM_VENV, vllm_available, vllm_server
+from rftflow.infra.vllm_server import VLLM_VENV, vllm_available, vllm_server
 
 # behaviour log-probs from the server vs the trainer's recomputation (float32 on both sides; vLLM's
 # CPU kernels sum in another order than torch's)
@@ -26,7 +26,7 @@ needs_server = pytest.mark.skipif(not vllm_available(),
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """``vllm serve`` of builtin:tiny on 127.0.0.1 (dev mode: it reloads weights on request)."""
-    from components.explore.models import resolve_model_path
+    from rftflow.components.explore.models import resolve_model_path
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     with vllm_server(resolve_model_path("builtin:tiny"), served_model="tiny", log=log) as url:
@@ -46,7 +46,7 @@ def _recomputed(model, rollouts, temperature: float) -> list[list[float]]:
 
 @needs_server
 def test_openai_engine_logprobs_agree_with_the_trainer_and_weights_reload_in_place(server, tiny):
-    from components.explore.engines import OpenAIRolloutEngine
+    from rftflow.components.explore.engines import OpenAIRolloutEngine
 
     url = server
     model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]  # its weights change below
@@ -83,9 +83,9 @@ def test_a_whole_campaign_explores_with_the_openai_engine_and_syncs_the_server(s
                                                                               default_config, small):
     from mlflow import MlflowClient
 
-    from components.buffer.layout import CampaignStore
-    from components.buffer.store import open_store
-    from flows.campaign import rft_campaign
+    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.store import open_store
+    from rftflow.flows.campaign import rft_campaign
 
     overrides = [*small, "name=served", "explorer.engine=openai", f"explorer.base_url={server}",
                  "explorer.served_model=tiny"]
@@ -105,8 +105,8 @@ def test_a_whole_campaign_explores_with_the_openai_engine_and_syncs_the_server(s
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the in-process vLLM engine needs a GPU (none here)")
 def test_vllm_engine_logprobs_agree_with_the_trainer(tiny):
     pytest.importorskip("vllm", reason="vLLM is not installed in this environment (pip install vllm, on a GPU machine)")
-    from components.explore.engines import VLLMRolloutEngine
-    from components.explore.models import resolve_model_path
+    from rftflow.components.explore.engines import VLLMRolloutEngine
+    from rftflow.components.explore.models import resolve_model_path
 
     model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
     engine = VLLMRolloutEngine(resolve_model_path("builtin:tiny"), tokenizer, dtype="float32")

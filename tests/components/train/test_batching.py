@@ -3,8 +3,8 @@ import copy
 import pytest
 import torch
 
-from components.train import batching
-from components.train.batching import batch_tensors, behaviour_logprobs, response_logprobs
+from rftflow.components.train import batching
+from rftflow.components.train.batching import batch_tensors, behaviour_logprobs, response_logprobs
 
 
 def _rows(tokenizer, *, groups: int, per_group: int, seed: int = 0) -> list[dict]:
@@ -94,9 +94,9 @@ def test_pair_cost_of_a_model(tiny):
 
 
 def test_a_model_that_does_not_pack_gets_no_packed_layout_worked_out(tiny, monkeypatch):
-    from components.algorithms import resolve
-    from components.config import TrainerConfig
-    from components.train.trainer import Trainer
+    from rftflow.components.algorithms import resolve
+    from rftflow.components.config import TrainerConfig
+    from rftflow.components.train.trainer import Trainer
 
     model, tokenizer = tiny
     rows = _rows(tokenizer, groups=4, per_group=4)

@@ -5,10 +5,10 @@ import copy
 
 import torch
 
-from components.algorithms import resolve
-from components.config import TrainerConfig
-from components.train.checkpoints import load_trainer, save_trainer
-from components.train.trainer import Trainer
+from rftflow.components.algorithms import resolve
+from rftflow.components.config import TrainerConfig
+from rftflow.components.train.checkpoints import load_trainer, save_trainer
+from rftflow.components.train.trainer import Trainer
 from tests.components.train.test_trainer import _explorer_rows, whole
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from components.campaign import Campaign
+from rftflow.components.campaign import Campaign
 
 
 def comparison_tasks(path: Path) -> Path:

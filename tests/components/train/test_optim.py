@@ -4,7 +4,7 @@ import copy
 
 import torch
 
-from components.train.optim import adamw, cosine
+from rftflow.components.train.optim import adamw, cosine
 
 
 def test_fused_adamw_matches_the_default_adamw_over_steps():

@@ -3,9 +3,9 @@ import copy
 import pytest
 import torch
 
-from components.algorithms import resolve
-from components.config import TrainerConfig
-from components.train.trainer import Trainer
+from rftflow.components.algorithms import resolve
+from rftflow.components.config import TrainerConfig
+from rftflow.components.train.trainer import Trainer
 
 
 def whole(rows) -> list[list[int]]:
@@ -58,7 +58,7 @@ def test_sft_steps_change_the_weights_and_lower_the_loss(tiny):
 
 def _explorer_rows(model, tokenizer):
     """Two groups of two sampled responses with their behaviour log-probs and mixed rewards."""
-    from components.train.batching import batch_tensors, response_logprobs
+    from rftflow.components.train.batching import batch_tensors, response_logprobs
 
     rows = []
     for g, prompt in enumerate(["1 + 1 =", "2 + 5 ="]):
@@ -124,7 +124,7 @@ def test_ppo_trains_a_critic_on_token_level_gae(tiny):
 
 
 def test_dpo_raises_the_chosen_response_over_the_rejected(tiny):
-    from components.buffer.sampling import preference_pairs
+    from rftflow.components.buffer.sampling import preference_pairs
     import pyarrow as pa
 
     model, tokenizer = tiny
