@@ -89,16 +89,16 @@ def peak_rss_mb() -> float:
 def taskset_and_reward(cfg):
     """The taskset splits and the reward function rftflow's campaign would use."""
     from rftflow.components.data.tasksets import load_tasks
-    from rftflow.components.explore.rewards import make_reward_fn
+    from rftflow.components.verify.rewards import make_reward_fn
 
     return load_tasks(cfg.taskset, cfg.seed, cfg.contracts), make_reward_fn(cfg.reward.function, cfg.taskset.source)
 
 
 def accuracy(model, tokenizer, cfg, tasks, reward_fn) -> float:
-    from rftflow.components.explore import explorer
     from rftflow.components.explore.engines import HFRolloutEngine
+    from rftflow.components.verify import scoring
 
-    return explorer.evaluate(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)["eval/accuracy"]
+    return scoring.evaluate(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)["eval/accuracy"]
 
 
 def trl_trainer(cfg, args):

@@ -17,10 +17,10 @@ from typing import Any
 
 from rftflow.components.buffer.layout import CampaignStore, open_run_store
 from rftflow.components.data.tasksets import Task, load_tasks
-from rftflow.components.explore import explorer
+from rftflow.components.verify import scoring
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.explore.models import load_model, resolve_model_path
-from rftflow.components.explore.rewards import make_reward_fn
+from rftflow.components.verify.rewards import make_reward_fn
 from rftflow.components.preflight import Preflight
 from rftflow.components.tracking import Tracker
 
@@ -99,7 +99,7 @@ def bench(checked: Preflight) -> dict[str, Any]:
     for index, ref in enumerate(cfg.bench.models):
         engine = eval_engine(ref, store, checked.tracking_uri, cfg)
         for source, tasks in tasksets.items():
-            accuracy = explorer.evaluate(engine, tasks, rewards[source], cfg.eval.max_new_tokens)["eval/accuracy"]
+            accuracy = scoring.evaluate(engine, tasks, rewards[source], cfg.eval.max_new_tokens)["eval/accuracy"]
             rows.append({"model": ref, "taskset": source, "tasks": len(tasks), "accuracy": accuracy})
             tracker.log_metrics({f"bench/accuracy/{_metric_name(source)}": accuracy}, step=index)
     out.mkdir(parents=True, exist_ok=True)

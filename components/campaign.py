@@ -27,7 +27,8 @@ import pyarrow.compute as pc
 import torch
 
 from rftflow.components.buffer.layout import CampaignStore, campaigns_in, open_run_store, round_dir
-from rftflow.components.buffer.sampling import Sampler, informative_groups
+from rftflow.components.buffer.sampling import Sampler
+from rftflow.components.data.groups import informative_groups
 from rftflow.components.buffer.selectors import PassRates, measured_rewards, select_tasks
 from rftflow.components.config import CampaignConfig
 from rftflow.components.data.contracts import ContractBounds, ContractError, check_experiences, enforce
@@ -35,9 +36,11 @@ from rftflow.components.data.pipelines import run_pipeline
 from rftflow.components.data.report import ValidationEntry
 from rftflow.components.data.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
 from rftflow.components.explore import explorer
+from rftflow.components.verify import scoring
+from rftflow.components.verify.check import check_round
 from rftflow.components.explore.engines import make_engine
 from rftflow.components.explore.models import load_model
-from rftflow.components.explore.rewards import make_reward_fn
+from rftflow.components.verify.rewards import make_reward_fn
 from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync
 from rftflow.components.preflight import Preflight, preflight
 from rftflow.components.train.checkpoints import load_trainer, save_trainer
@@ -233,7 +236,7 @@ class Campaign:
             batches += 1
             if not self.algorithm.dynamic_sampling or batches == ex.max_explore_batches:
                 break
-            scored = explorer.score(pa.concat_tables(tables), self.tasks_by_id, self.reward_fn,
+            scored = scoring.score(pa.concat_tables(tables), self.tasks_by_id, self.reward_fn,
                                     self.cfg.reward.function)
             if informative_groups(scored) >= ex.tasks_per_round:
                 break
@@ -244,32 +247,25 @@ class Campaign:
                 "explore/response_len": pc.mean(lengths).as_py() or 0.0}
 
     def verify(self, round_no: int) -> dict[str, float]:
-        """Score the rollouts and check the experience contract → the verified rows (with ``reason``), for buffer."""
-        scored = explorer.score(self.store.read_staging(round_no, "rollouts"), self.tasks_by_id, self.reward_fn,
-                                self.cfg.reward.function)
+        """Score the rollouts, check the experience contract and run the experience pipeline
+        (``verify.check``) → the verified rows (with ``reason``), for buffer. A round past the
+        contract's bad-row threshold fails here, its bad rows kept under ``quarantine/failed``."""
         contracts = self.cfg.contracts
         bounds = ContractBounds.of(contracts, max_model_version=self.weights.version,
                                    group_size=self.cfg.explorer.repeat_times)
-        verdict = check_experiences(scored, bounds)
-        self._record("experience contract", round_no, scored.num_rows, verdict.quarantined)
+        checked = check_round(self.store.read_staging(round_no, "rollouts"), self.tasks_by_id, self.reward_fn,
+                              self.cfg.reward.function, bounds, self.cfg.pipelines.experiences, self.cfg.seed)
+        verdict = checked.verdict
+        self._record("experience contract", round_no, checked.scored.num_rows, verdict.quarantined)
         try:
             enforce(verdict, contracts.max_bad_fraction, f"round {round_no} experiences")
         except ContractError:  # the stage fails; its bad rows stay where `buffer show --kind failed` finds them
             self.store.write_quarantine(f"failed/{round_dir(round_no)}", verdict.quarantined)
             raise
-        accepted, rejected = verdict.accepted, verdict.quarantined
-        metrics = {}
-        if self.cfg.pipelines.experiences:
-            result = run_pipeline("experiences", accepted, self.cfg.pipelines.experiences, seed=self.cfg.seed)
-            accepted, rejected = result.kept, pa.concat_tables([rejected, result.dropped], promote_options="default")
-            self._record("experience pipeline", round_no, verdict.accepted.num_rows, result.dropped)
-            metrics["pipeline/dropped"] = result.dropped.num_rows
-        reasons = pa.array([None] * accepted.num_rows, pa.string())
-        verified = pa.concat_tables([accepted.append_column("reason", reasons), rejected])
-        self.verified[round_no] = verified
-        rewards = scored.column("reward")
-        return {**metrics, "reward/mean": pc.mean(rewards).as_py(), "reward/std": pc.stddev(rewards).as_py() or 0.0,
-                "contract/accepted": verdict.counts["accepted"], "contract/quarantined": verdict.counts["quarantined"]}
+        if checked.dropped is not None:
+            self._record("experience pipeline", round_no, verdict.accepted.num_rows, checked.dropped)
+        self.verified[round_no] = checked.verified
+        return checked.metrics()
 
     def buffer(self, round_no: int) -> dict[str, float]:
         """Commit verified rows: accepted → experiences/usual, rejected → quarantine; pass rates."""
@@ -364,7 +360,7 @@ class Campaign:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy of the explorer's (latest synced) model on the held-out split."""
-        return explorer.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.eval.max_new_tokens)
+        return scoring.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.eval.max_new_tokens)
 
     # checkpoints -----------------------------------------------------------------------------
     def checkpoint(self, round_no: int, out: Path, **meta: Any) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -19,10 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rftflow.components.algorithms.aggregation import AggMode
 from rftflow.components.algorithms.presets import PRESET_NAMES, Algorithm, resolve
-from rftflow.components.buffer.store import redact_url
-
-
-URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+from rftflow.components.secrets import redact_text, redact_url
 
 
 class ConfigError(ValueError):
@@ -557,7 +553,7 @@ def _source_of(error: ValidationError, where: str, overrides: Sequence[str]) -> 
     for assignment in reversed(overrides):
         key = assignment.partition("=")[0].strip().split(".")
         if loc and loc[:len(key)] == key:
-            return f"--set {URL_USERINFO.sub('***@', assignment)}"  # a URL's user:password never reaches a message
+            return f"--set {redact_text(assignment)}"  # a URL's user:password never reaches a message
     return where
 
 

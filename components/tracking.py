@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -20,13 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from rftflow.components.config import cache_dir, flatten
+from rftflow.components.secrets import mask_secrets
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 # A new SQLite store logs its schema set-up at INFO on every first use.
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
-
-SECRET_KEY = re.compile(r"secret|password|token|credential|access_key|api_key", re.IGNORECASE)
-URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 
 
 def seed_sqlite_store(uri: str) -> None:
@@ -79,13 +76,6 @@ def _unique_beside(path: Path) -> Path:
 def is_tracking_server(uri: str) -> bool:
     """An MLflow tracking server (``http(s)://``), as opposed to a database the client writes itself."""
     return uri.startswith(("http://", "https://"))
-
-
-def mask_secrets(key: str, value: Any) -> str:
-    """The value as logged: secrets by key name become ``***``; credentials inside URLs too."""
-    if SECRET_KEY.search(key):
-        return "***"
-    return URL_USERINFO.sub("***@", str(value))
 
 
 class Tracker:

@@ -1,14 +1,16 @@
 """rftflow: reinforcement fine-tuning of language models as Prefect-orchestrated campaigns.
 
-The public API, for notebooks and scripts (the ``rftflow`` command does the same from a shell)::
+The public API, for notebooks and scripts (the ``rftflow`` command does the same from a shell):
 
-    import rftflow
+```python
+import rftflow
 
-    cfg = rftflow.load_config("arith-mix", ["rounds=2"])   # a shipped config by name, a YAML path, or a mapping
-    summary = rftflow.run_campaign(cfg, run_dir="runs/demo")  # the Prefect flow; resumes an unfinished campaign
-    rows = rftflow.read_experiences("runs/demo")              # a pyarrow Table of the stored experiences
-    store = rftflow.open_store("runs/demo")                   # the campaign's store: rounds, checkpoints, state
-    decision = rftflow.promote(cfg, run_dir="runs/demo")      # the registered version against @champion
+cfg = rftflow.load_config("arith-mix", ["rounds=2"])   # a shipped config by name, a YAML path, or a mapping
+summary = rftflow.run_campaign(cfg, run_dir="runs/demo")  # the Prefect flow; resumes an unfinished campaign
+rows = rftflow.read_experiences("runs/demo")              # a pyarrow Table of the stored experiences
+store = rftflow.open_store("runs/demo")                   # the campaign's store: rounds, checkpoints, state
+decision = rftflow.promote(cfg, run_dir="runs/demo")      # the registered version against @champion
+```
 
 The packages, one per role: ``rftflow.components`` (the loop's parts, no Prefect),
 ``rftflow.tasks`` (a Prefect task per step), ``rftflow.flows`` (the flows and the CLI),

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from rftflow.components.buffer.layout import CampaignStore, shard_order
 from rftflow.components.data.experience import SCHEMA
+from rftflow.components.data.groups import drop_zero_variance_groups
 
 Commit = Callable[[], None]
 Row = dict[str, Any]
@@ -115,29 +116,6 @@ def drop_stale(table: pa.Table, current_version: int, max_staleness: int) -> tup
     keep = pc.greater_equal(table.column("model_version"), current_version - max_staleness)
     kept = table.filter(keep)
     return kept, table.num_rows - kept.num_rows
-
-
-def _flat_groups(table: pa.Table) -> pa.Array:
-    """Ids of the groups whose rewards are all equal."""
-    stats = table.group_by("group_id").aggregate([("reward", "min"), ("reward", "max")])
-    return stats.filter(pc.equal(stats.column("reward_min"), stats.column("reward_max"))).column("group_id")
-
-
-def drop_zero_variance_groups(table: pa.Table) -> tuple[pa.Table, int]:
-    """DAPO dynamic sampling (arXiv:2503.14476): drop groups whose rewards are all equal — their
-    group-relative advantages are all 0, so they only dilute the batch. Returns (kept rows, groups dropped)."""
-    if table.num_rows == 0:
-        return table, 0
-    flat = _flat_groups(table)
-    keep = pc.invert(pc.is_in(table.column("group_id"), value_set=flat))
-    return table.filter(keep), len(flat)
-
-
-def informative_groups(table: pa.Table) -> int:
-    """How many groups have unequal rewards (the ones dynamic sampling keeps)."""
-    if table.num_rows == 0:
-        return 0
-    return pc.count_distinct(table.column("group_id")).as_py() - len(_flat_groups(table))
 
 
 def first_groups(table: pa.Table, n: int) -> pa.Table:

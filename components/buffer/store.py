@@ -65,8 +65,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlparse, urlsplit, urlunsplit
+from urllib.parse import urlparse
 from urllib.request import url2pathname
+
+from rftflow.components.secrets import redact_url
 
 MiB = 1024 * 1024
 SCHEMES = ("file://", "s3://")
@@ -93,17 +95,6 @@ def check_key(key: str) -> str:
     if not isinstance(key, str) or not key or key.startswith("/") or {"", ".", ".."} & set(key.split("/")):
         raise ValueError(f"invalid object key {key!r}")
     return key
-
-
-def redact_url(url: str) -> str:
-    """``url`` without any ``user:password@`` part (for messages and reprs)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
 class FileStore:

@@ -34,7 +34,7 @@ from rftflow.components.config import ContractsConfig
 from rftflow.components.data.contracts import ContractBounds, Verdict, check_experiences, enforce
 from rftflow.components.data.experience import SCHEMA, experience_id, make_experience, to_table
 from rftflow.components.data.tasksets import read_rows, task_id
-from rftflow.components.explore.engines import encode_prompt
+from rftflow.components.data.prompts import encode_prompt
 
 INGEST_KINDS = ("feedback", "expert")
 

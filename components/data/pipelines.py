@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rftflow.components.buffer.sampling import drop_zero_variance_groups
+from rftflow.components.data.groups import drop_zero_variance_groups
 from rftflow.components.data.tasksets import reasoning_gym_tasks, task_id, tasks_to_table
 
 PIPELINE_KINDS = ("tasks", "experiences")
@@ -214,7 +214,7 @@ def shape_reward(table: pa.Table, add: float = 0.0, scale: float = 1.0,
 
 @register_operator("experiences", "drop_zero_variance")
 def drop_zero_variance(table: pa.Table) -> tuple[pa.Table, pa.Table]:
-    """Drop groups whose rewards are all equal (``sampling.drop_zero_variance_groups``)."""
+    """Drop groups whose rewards are all equal (``groups.drop_zero_variance_groups``)."""
     kept, _ = drop_zero_variance_groups(table)
     keep_ids = set(kept.column("experience_id").to_pylist())
     return _split(table, [e in keep_ids for e in table.column("experience_id").to_pylist()])

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rftflow.components.data.prompts import encode_prompt
 from rftflow.components.explore.decode import decode_steps, prefill
 
 
@@ -33,15 +34,6 @@ class Rollout:
     logprobs: list[float]  # one per response token
     text: str  # decoded response without special tokens
     finished: bool  # ended with EOS (False: cut at max_new_tokens)
-
-
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool = False) -> list[int]:
-    """Prompt token ids as the explorer feeds them: raw, or wrapped in the tokenizer's chat template."""
-    if chat_template:
-        return list(tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"])
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
 class HFRolloutEngine:

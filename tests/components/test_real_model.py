@@ -17,7 +17,7 @@ SMALL = ["rounds=1", "taskset.size=40", "taskset.eval_size=4", "explorer.tasks_p
 def test_smollm2_from_gguf_trains_a_round_with_its_chat_template_and_math_verify(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from rftflow.components.explore.rewards import math_verify
+    from rftflow.components.verify.rewards import math_verify
     from rftflow.components.preflight import preflight
     from rftflow.components.run import CampaignRun
 

@@ -8,9 +8,9 @@ import pytest
 
 from rftflow.components.buffer.layout import CampaignStore
 from rftflow.components.buffer.sampling import (
-    drop_stale, drop_zero_variance_groups, first_groups, informative_groups, preference_pairs, stratified_order,
-    take_fifo, take_replay,
+    drop_stale, first_groups, preference_pairs, stratified_order, take_fifo, take_replay,
 )
+from rftflow.components.data.groups import drop_zero_variance_groups, informative_groups
 from rftflow.components.buffer.selectors import PassRates, select_tasks
 from rftflow.components.buffer.store import open_store
 from rftflow.components.data.experience import make_experience, to_table

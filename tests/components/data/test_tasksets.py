@@ -3,7 +3,7 @@ import json
 import pytest
 
 from rftflow.components.config import TasksetConfig
-from rftflow.components.explore.rewards import make_reward_fn
+from rftflow.components.verify.rewards import make_reward_fn
 from rftflow.components.buffer.selectors import select_tasks
 from rftflow.components.data.tasksets import TasksetError, check_taskset, load_tasks
 

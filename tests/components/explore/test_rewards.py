@@ -3,7 +3,7 @@
 import pytest
 
 from rftflow.components.data.tasksets import Task
-from rftflow.components.explore.rewards import make_reward_fn
+from rftflow.components.verify.rewards import make_reward_fn
 
 TASK = Task(task_id="t", question="47 + 38", prompt="What is 47 + 38?", answer="85")
 

@@ -1,0 +1,54 @@
+"""A round's check: its rollouts scored, the experience contract applied, the experience
+pipeline run on the rows it accepts. Pure: the caller records the outcome and stores the rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rftflow.components.data.contracts import ContractBounds, Verdict, check_experiences
+from rftflow.components.data.pipelines import run_pipeline
+from rftflow.components.data.tasksets import Task
+from rftflow.components.verify.rewards import RewardFn
+from rftflow.components.verify.scoring import score
+
+
+@dataclass
+class Checked:
+    """The outcome of ``check_round``: ``verdict`` (the contract's accepted and quarantined rows of
+    ``scored``), ``dropped`` (accepted rows the pipeline dropped, with their reason) and ``verified``
+    (the rows kept, ``reason`` null, then every rejected row with its reason)."""
+
+    scored: pa.Table
+    verdict: Verdict
+    dropped: pa.Table | None = None
+    verified: pa.Table = field(default_factory=pa.table)
+
+    def metrics(self) -> dict[str, float]:
+        rewards = self.scored.column("reward")
+        out = {"reward/mean": pc.mean(rewards).as_py(), "reward/std": pc.stddev(rewards).as_py() or 0.0,
+               "contract/accepted": self.verdict.counts["accepted"],
+               "contract/quarantined": self.verdict.counts["quarantined"]}
+        if self.dropped is not None:
+            out["pipeline/dropped"] = self.dropped.num_rows
+        return out
+
+
+def check_round(rollouts: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, reward_name: str,
+                bounds: ContractBounds, pipeline: list[dict[str, Any]], seed: int) -> Checked:
+    """Score ``rollouts`` against their tasks, check them against the experience contract
+    (``bounds``), and run ``pipeline`` (a list of operator steps; empty: none) on the rows it
+    accepts."""
+    scored = score(rollouts, tasks_by_id, reward_fn, reward_name)
+    verdict = check_experiences(scored, bounds)
+    accepted, rejected, dropped = verdict.accepted, verdict.quarantined, None
+    if pipeline:
+        result = run_pipeline("experiences", accepted, pipeline, seed=seed)
+        accepted, dropped = result.kept, result.dropped
+        rejected = pa.concat_tables([rejected, dropped], promote_options="default")
+    reasons = pa.array([None] * accepted.num_rows, pa.string())
+    verified = pa.concat_tables([accepted.append_column("reason", reasons), rejected])
+    return Checked(scored, verdict, dropped, verified)

@@ -1,0 +1,42 @@
+"""Scoring: a table of rollouts scored against its tasks, and greedy evaluation on held-out tasks
+(the same reward, the explorer's engine decoding greedily)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from rftflow.components.data.tasksets import Task
+from rftflow.components.explore.engines import HFRolloutEngine
+from rftflow.components.verify.rewards import RewardFn
+
+
+def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, reward_name: str) -> pa.Table:
+    """Fill ``reward`` and ``rewards`` by scoring each response against its task."""
+    rewards = [reward_fn(resp, tasks_by_id[tid]) for resp, tid in
+               zip(table.column("response").to_pylist(), table.column("task_id").to_pylist())]
+    table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float64()))
+    per_fn = pa.array([[(reward_name, r)] for r in rewards], table.schema.field("rewards").type)
+    return table.set_column(table.schema.get_field_index("rewards"), "rewards", per_fn)
+
+
+def greedy_scores(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int,
+                  finished: list[bool] | None = None) -> list[float]:
+    """The reward of each task's greedy response, in task order (and, into ``finished``, whether
+    each response ended with EOS within ``max_new_tokens``)."""
+    groups = engine.generate([t.prompt for t in tasks], n=1, max_new_tokens=max_new_tokens, greedy=True)
+    if finished is not None:
+        finished.extend(g[0].finished for g in groups)
+    return [reward_fn(g[0].text, t) for g, t in zip(groups, tasks)]
+
+
+def evaluate(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int) -> dict[str, float]:
+    """Greedy decoding on held-out tasks: accuracy = share of responses with reward 1, the mean
+    reward, the share of responses that ended within ``max_new_tokens`` (``eval/finished``) and
+    the accuracy of those (``eval/accuracy_of_finished``, 0 when none did) — a chatty model's
+    answer cut off by the budget fails whatever its arithmetic, so the two split format from skill."""
+    finished: list[bool] = []
+    scores = greedy_scores(engine, tasks, reward_fn, max_new_tokens, finished)
+    correct_finished = sum(s >= 1.0 and f for s, f in zip(scores, finished))
+    return {"eval/accuracy": sum(s >= 1.0 for s in scores) / len(scores), "eval/reward_mean": sum(scores) / len(scores),
+            "eval/finished": sum(finished) / len(finished),
+            "eval/accuracy_of_finished": correct_finished / max(1, sum(finished))}
