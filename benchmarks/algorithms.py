@@ -25,7 +25,7 @@ from pathlib import Path
 
 import rftflow.flows  # noqa: F401  (quiet service defaults)
 from rftflow.components.algorithms.presets import PRESET_NAMES
-from rftflow.components.campaign import Campaign
+from rftflow.components.campaign.stages import Campaign
 from rftflow.components.config import load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.s3server (the moto helper the tests use)
 
 import rftflow.flows  # noqa: E402,F401  (quiet service defaults)
-from rftflow.components.campaign import Campaign  # noqa: E402
+from rftflow.components.campaign.stages import Campaign  # noqa: E402
 from rftflow.components.tracking import Tracker  # noqa: E402
 
 CONFIG = ROOT / "configs" / "arith-mix.yaml"

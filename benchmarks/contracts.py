@@ -16,7 +16,7 @@ from pathlib import Path
 
 import rftflow.flows  # noqa: F401  (quiet service defaults)
 from rftflow.components import campaign as campaign_module
-from rftflow.components.campaign import Campaign
+from rftflow.components.campaign.stages import Campaign
 from rftflow.components.config import load_config
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import rftflow.flows  # noqa: E402,F401  (quiet service defaults)
-from rftflow.components.preflight import preflight  # noqa: E402
-from rftflow.components.run import CampaignRun  # noqa: E402
+from rftflow.components.campaign.preflight import preflight  # noqa: E402
+from rftflow.components.campaign.run import CampaignRun  # noqa: E402
 from rftflow.infra.vllm_server import VLLM_VENV, vllm_available, vllm_server  # noqa: E402
 
 CONFIG = ROOT / "configs" / "arith-mix.yaml"

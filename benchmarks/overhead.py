@@ -37,9 +37,9 @@ os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")  # no
 
 import rftflow.flows  # noqa: E402,F401  (quiet service defaults)
 from rftflow.components import campaign as campaign_module
-from rftflow.components.campaign import ROUND, Campaign
+from rftflow.components.campaign.stages import ROUND, Campaign
 from rftflow.components.explore.engines import HFRolloutEngine
-from rftflow.components.run import CampaignRun, task_run_span
+from rftflow.components.campaign.run import CampaignRun, task_run_span
 from rftflow.components.train.trainer import Trainer
 from vs_trl import LR as TRL_LR, WORK as TRL_WORK  # benchmarks/ is on sys.path when a script in it runs
 

@@ -22,8 +22,8 @@ import torch
 from mlflow import MlflowClient
 
 import rftflow.flows  # noqa: F401  (quiet service defaults)
-from rftflow.components.preflight import preflight
-from rftflow.components.run import CampaignRun
+from rftflow.components.campaign.preflight import preflight
+from rftflow.components.campaign.run import CampaignRun
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "smollm2-arith.yaml"
 # CPU: a 135M model samples ~3 responses/s and trains ~1 sequence/s on 2 cores

@@ -193,7 +193,7 @@ def side_replay(cfg, args) -> dict:
 
 
 def side_loop(cfg, args) -> dict:
-    from rftflow.components.campaign import Campaign
+    from rftflow.components.campaign.stages import Campaign
 
     with tempfile.TemporaryDirectory() as run_dir:
         campaign = Campaign(cfg, run_dir)
@@ -250,7 +250,7 @@ def apart_role(cfg, args) -> dict:
     """One process of ``side_apart``: ``--role train`` prepares, publishes the start weights, then
     trains and publishes each round once the explorer has committed it; ``--role explore`` waits for
     the taskset, then explores, verifies and stores each round with the newest weights it may use."""
-    from rftflow.components.campaign import Campaign
+    from rftflow.components.campaign.stages import Campaign
 
     with tempfile.TemporaryDirectory() as run_dir:
         campaign = Campaign(cfg, run_dir)
@@ -285,7 +285,7 @@ def side_flow(cfg, args, *more: str) -> dict:
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         from mlflow import MlflowClient
 
-        from rftflow.components.run import task_run_span
+        from rftflow.components.campaign.run import task_run_span
 
         lengths = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history(summary["mlflow_run_id"],
                                                                                   "explore/response_len")
@@ -297,7 +297,7 @@ def side_flow(cfg, args, *more: str) -> dict:
 
 def make_warm_start(model_dir: str, args) -> float:
     """``builtin:tiny`` after 1000 SFT steps on demonstrations (rftflow's warm start), saved to ``model_dir``."""
-    from rftflow.components.campaign import Campaign
+    from rftflow.components.campaign.stages import Campaign
     from rftflow.components.config import load_config
 
     cfg = load_config(CONFIG, ["name=vs-trl-warm", f"seed={args.seed}", "trainer.warmup_steps=1000",

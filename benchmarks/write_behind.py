@@ -32,7 +32,7 @@ def run_rounds(args) -> None:
 
     import rftflow.flows  # noqa: F401  (quiet service defaults)
     from benchmarks.vs_trl import CONFIG, overrides
-    from rftflow.components.campaign import Campaign
+    from rftflow.components.campaign.stages import Campaign
 
     torch.set_num_threads(args.threads)
     store = [f"storage.url={args.url}", "storage.addressing_style=path"] if args.url else []

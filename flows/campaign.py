@@ -30,11 +30,11 @@ from prefect.states import Cancelled, Completed, Failed, State
 
 from rftflow.components.buffer.shards import ShardError
 from rftflow.components.buffer.store import StoreUnavailable
-from rftflow.components.campaign import StopFlag, StopRequested
+from rftflow.components.campaign.stages import StopFlag, StopRequested
 from rftflow.components.config import ConfigError
 from rftflow.components.data.contracts import ContractError
-from rftflow.components.preflight import Preflight, preflight
-from rftflow.components.run import CampaignRun, NoUsableCheckpoint, grouped_by_round, move_aside
+from rftflow.components.campaign.preflight import Preflight, preflight
+from rftflow.components.campaign.run import CampaignRun, NoUsableCheckpoint, grouped_by_round, move_aside
 from rftflow.flows.monitor import UIMonitor
 from rftflow.flows.progress import CampaignProgress
 from rftflow.tasks.stages import TASKS, bench

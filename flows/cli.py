@@ -59,7 +59,7 @@ def _preflight(config, run_dir: Path | None, overrides: list[str], restart: bool
     """The validation gate (``components.preflight``) on a config file (None: the default) or a
     loaded config; its one-line error ends the command."""
     from rftflow.components.config import ConfigError
-    from rftflow.components.preflight import preflight
+    from rftflow.components.campaign.preflight import preflight
 
     try:
         return preflight(config or DEFAULT_CONFIG, run_dir, overrides, restart=restart)
@@ -175,7 +175,7 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
            ) -> None:
     """Where a campaign stands: status, rounds done, last checkpoint, MLflow run, last error."""
     from rftflow.components.buffer.layout import moved_aside
-    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.campaign.state import StateStore
 
     opened = _open_buffer(store, campaign)
     with _store_errors():
@@ -354,7 +354,7 @@ def buffer_gc(store: StoreArg, campaign: CampaignOpt = None,
     staging, superseded weights and checkpoints, crash leftovers, rounds past keep_rounds. A dry run
     unless --apply; refused while the campaign runs."""
     from rftflow.components.buffer.retention import apply as apply_plan, plan
-    from rftflow.components.buffer.state import StateStore, running_line
+    from rftflow.components.campaign.state import StateStore, running_line
 
     opened = _open_buffer(store, campaign)
     with _store_errors():

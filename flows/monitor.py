@@ -27,8 +27,8 @@ from typing import Any
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.artifacts import update_progress_artifact
 
-from rftflow.components.campaign import ROUND
-from rftflow.components.run import CampaignRun
+from rftflow.components.campaign.stages import ROUND
+from rftflow.components.campaign.run import CampaignRun
 from rftflow.components.tracking import is_tracking_server
 
 UPDATE_SECONDS = 5.0

@@ -9,10 +9,10 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
-from rftflow.components.bench import BenchModelError
+from rftflow.components.campaign.bench import BenchModelError
 from rftflow.components.config import ConfigError
-from rftflow.components.preflight import preflight
-from rftflow.components.promotion import decision_dict, promote
+from rftflow.components.campaign.preflight import preflight
+from rftflow.components.campaign.promotion import decision_dict, promote
 
 
 @task(name="promote", cache_policy=NO_CACHE)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from rftflow.components.buffer.layout import CampaignStore
     from rftflow.components.config import CampaignConfig
-    from rftflow.components.promotion import Decision
+    from rftflow.components.campaign.promotion import Decision
 
 
 
@@ -61,8 +61,8 @@ def run_campaign(config: CampaignConfig | Mapping[str, Any] | str | Path | None 
 
     cfg = load(config, overrides)
     if not orchestrated:
-        from rftflow.components.preflight import preflight
-        from rftflow.components.run import CampaignRun, move_aside
+        from rftflow.components.campaign.preflight import preflight
+        from rftflow.components.campaign.run import CampaignRun, move_aside
 
         checked = preflight(cfg, run_dir, restart=restart)
         if checked.finished:
@@ -105,8 +105,8 @@ def promote(config: CampaignConfig | Mapping[str, Any] | str | Path | None = Non
             overrides: Sequence[str] = (), version: str | None = None) -> Decision:
     """The registered version ``version`` (default the newest) against the ``champion`` alias on the
     campaign's held-out tasks; the alias moves on a clear, significant win (``components.promotion``)."""
-    from rftflow.components.preflight import preflight
-    from rftflow.components.promotion import promote as decide
+    from rftflow.components.campaign.preflight import preflight
+    from rftflow.components.campaign.promotion import promote as decide
 
     return decide(preflight(load_config(config, overrides), run_dir), version)
 

@@ -19,9 +19,9 @@ from prefect.states import Cancelled, Failed, State
 
 from rftflow.components.buffer.shards import ShardError
 from rftflow.components.buffer.store import StoreUnavailable
-from rftflow.components.campaign import StopRequested
+from rftflow.components.campaign.stages import StopRequested
 from rftflow.components.data.contracts import ContractError
-from rftflow.components.run import CampaignRun
+from rftflow.components.campaign.run import CampaignRun
 
 
 ONE_LINE = (ContractError, StoreUnavailable, ShardError)  # failures whose message is the whole story
@@ -129,7 +129,7 @@ TASKS["round"] = round_task
 def bench(checked) -> dict | State:
     """``mode: bench``: every model of ``bench.models`` on every eval taskset, one MLflow run. A
     model that cannot be found fails it in one line."""
-    from rftflow.components.bench import BenchModelError, bench as run_bench
+    from rftflow.components.campaign.bench import BenchModelError, bench as run_bench
 
     try:
         return run_bench(checked)

@@ -18,8 +18,8 @@ def test_smollm2_from_gguf_trains_a_round_with_its_chat_template_and_math_verify
     from transformers import AutoModelForCausalLM
 
     from rftflow.components.verify.rewards import math_verify
-    from rftflow.components.preflight import preflight
-    from rftflow.components.run import CampaignRun
+    from rftflow.components.campaign.preflight import preflight
+    from rftflow.components.campaign.run import CampaignRun
 
     run = CampaignRun(preflight("configs/smollm2-arith.yaml", tmp_path / "run", SMALL))
     policy = run.campaign.trainer.unwrapped

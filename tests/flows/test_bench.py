@@ -9,8 +9,8 @@ import json
 def test_bench_evaluates_three_versions_in_one_run(prefect_api, tmp_path, default_config, small):
     from mlflow import MlflowClient
 
-    from rftflow.components.preflight import preflight
-    from rftflow.components.run import CampaignRun
+    from rftflow.components.campaign.preflight import preflight
+    from rftflow.components.campaign.run import CampaignRun
     from rftflow.flows.campaign import rft_campaign
 
     campaign = [*small, "checkpoint.every=1", "checkpoint.keep_last=3", "trainer.warmup_steps=20"]

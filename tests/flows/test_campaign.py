@@ -263,9 +263,9 @@ def test_a_signal_stops_a_task_run_of_rounds_after_its_current_round(prefect_api
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
     from prefect.logging.handlers import APILogWorker
 
-    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.campaign.state import StateStore
     from rftflow.components.buffer.store import open_store
-    from rftflow.components.campaign import Campaign
+    from rftflow.components.campaign.stages import Campaign
     from rftflow.flows.campaign import rft_campaign
 
     train = Campaign.train

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rftflow.flows.cli import app
-from tests.components.test_preflight import BAD
+from tests.components.campaign.test_preflight import BAD
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def _mlflow_runs(run_dir) -> list:
 
 def _state(run_dir, name: str):
     from rftflow.components.buffer.layout import recorded_store
-    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.campaign.state import StateStore
     from rftflow.components.buffer.store import open_store
 
     url, options = recorded_store(run_dir)

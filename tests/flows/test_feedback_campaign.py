@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from rftflow.components.buffer.layout import CampaignStore
 from rftflow.components.buffer.sampling import expert_pool
-from rftflow.components.campaign import Campaign
+from rftflow.components.campaign.stages import Campaign
 from rftflow.flows.cli import app
 
 pytestmark = pytest.mark.slow  # ingest, then a whole campaign through Prefect

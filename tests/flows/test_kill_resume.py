@@ -220,7 +220,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(trial, runs, env, refe
 
 def _attempts(run_dir: Path) -> list[dict]:
     from rftflow.components.buffer.layout import recorded_store
-    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.campaign.state import StateStore
     from rftflow.components.buffer.store import open_store
 
     url, options = recorded_store(run_dir)

@@ -18,9 +18,9 @@ def test_only_a_clearly_better_challenger_becomes_champion(prefect_api, tmp_path
     from mlflow import MlflowClient
     from typer.testing import CliRunner
 
-    from rftflow.components.preflight import preflight
-    from rftflow.components.promotion import promote
-    from rftflow.components.run import CampaignRun
+    from rftflow.components.campaign.preflight import preflight
+    from rftflow.components.campaign.promotion import promote
+    from rftflow.components.campaign.run import CampaignRun
     from rftflow.flows.cli import app
 
     tasks = tmp_path / "compare.jsonl"

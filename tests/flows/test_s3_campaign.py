@@ -4,7 +4,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 from typer.testing import CliRunner
 
-from rftflow.components.campaign import Campaign
+from rftflow.components.campaign.stages import Campaign
 from rftflow.components.data.experience import SCHEMA
 from rftflow.flows.cli import app
 

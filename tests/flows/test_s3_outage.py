@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from rftflow.components.buffer.store import open_store
-from rftflow.components.preflight import preflight
-from rftflow.components.run import CampaignRun
+from rftflow.components.campaign.preflight import preflight
+from rftflow.components.campaign.run import CampaignRun
 from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.slow  # outages of 11-15 s

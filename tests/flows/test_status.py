@@ -2,8 +2,8 @@
 
 from typer.testing import CliRunner
 
-from rftflow.components.preflight import preflight
-from rftflow.components.run import CampaignRun
+from rftflow.components.campaign.preflight import preflight
+from rftflow.components.campaign.run import CampaignRun
 from rftflow.flows.cli import app
 
 CAMPAIGN = ["name=told", "rounds=2", "checkpoint.every=1", "eval.every=1"]

@@ -174,7 +174,7 @@ def test_a_cancel_in_prefect_stops_the_campaign_and_the_same_command_resumes(cli
     flow_run = httpx.get(f"{cli_env['PREFECT_API_URL']}/flow_runs/{flow_run_id}", timeout=30).json()
     assert flow_run["state"]["type"] == "CANCELLED"
     from rftflow.components.buffer.layout import recorded_store
-    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.campaign.state import StateStore
     from rftflow.components.buffer.store import open_store
 
     state = StateStore(open_store(recorded_store(run_dir)[0]), "cancelled").read()

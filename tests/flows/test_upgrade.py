@@ -49,7 +49,7 @@ def test_a_campaign_killed_under_0_1_resumes_to_its_end(cli_env, tmp_path):
     client = MlflowClient(summary["mlflow_tracking_uri"])
     (run,) = client.search_runs([client.get_experiment_by_name("rftflow").experiment_id])
     assert run.info.status == "FINISHED" and run.data.tags["rftflow.version"] == __version__
-    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.campaign.state import StateStore
 
     state = StateStore(store.objects, "upgrade").read()
     assert [(a.outcome, a.version) for a in state.attempts] == [("killed", None), ("finished", __version__)]

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rftflow.components.buffer import retention
-from rftflow.components.preflight import preflight
-from rftflow.components.run import CampaignRun
+from rftflow.components.campaign.preflight import preflight
+from rftflow.components.campaign.run import CampaignRun
 
 # replay, each group trained on twice at most, none older than one weight version: old rounds stop mattering
 REPLAY = ["rounds=6", "checkpoint.every=2", "eval.every=2", "trainer.warmup_steps=10", "checkpoint.keep_last=1",

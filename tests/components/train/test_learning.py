@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rftflow.components.campaign import Campaign
+from rftflow.components.campaign.stages import Campaign
 
 
 def comparison_tasks(path: Path) -> Path:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rftflow.components.algorithms import PRESETS
-from rftflow.components.campaign import ROUND, Campaign
+from rftflow.components.campaign.stages import ROUND, Campaign
 from rftflow.components.config import load_config
 
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from rftflow.components.algorithms import Algorithm
 from rftflow.components.buffer.layout import run_store_url
-from rftflow.components.buffer.state import AlreadyRunning, CampaignState, StateStore, config_changes, running_line, state_role
+from rftflow.components.campaign.state import AlreadyRunning, CampaignState, StateStore, config_changes, running_line, state_role
 from rftflow.components.buffer.store import open_store, parse_store_url, store_options
 from rftflow.components.secrets import redact_url
 from rftflow.components.config import CampaignConfig, ConfigError, load_config

@@ -4,9 +4,9 @@ line naming the culprit, whether the campaign starts from ``preflight`` or ``Cam
 
 import pytest
 
-from rftflow.components.campaign import Campaign
+from rftflow.components.campaign.stages import Campaign
 from rftflow.components.config import ConfigError
-from rftflow.components.preflight import preflight
+from rftflow.components.campaign.preflight import preflight
 
 # (overrides, what the one line says); ``{tmp}`` is the test's tmp dir
 BAD = {

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rftflow.components.config import ConfigError
-from rftflow.components.preflight import preflight
-from rftflow.components.run import CampaignRun, grouped_by_round, move_aside
+from rftflow.components.campaign.preflight import preflight
+from rftflow.components.campaign.run import CampaignRun, grouped_by_round, move_aside
 
 DURABLE = ["rounds=5", "checkpoint.every=2", "eval.every=2", "trainer.warmup_steps=10", "checkpoint.keep_last=1"]
 

@@ -42,7 +42,7 @@ from rftflow.components.explore.engines import make_engine
 from rftflow.components.explore.models import load_model
 from rftflow.components.verify.rewards import make_reward_fn
 from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync
-from rftflow.components.preflight import Preflight, preflight
+from rftflow.components.campaign.preflight import Preflight, preflight
 from rftflow.components.train.checkpoints import load_trainer, save_trainer
 from rftflow.components.train.trainer import Trainer
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from rftflow.components.bench import BenchModelError, eval_engine, held_out
+from rftflow.components.campaign.bench import BenchModelError, eval_engine, held_out
 from rftflow.components.verify import scoring
 from rftflow.components.verify.rewards import make_reward_fn
-from rftflow.components.preflight import Preflight
+from rftflow.components.campaign.preflight import Preflight
 
 ALIAS = "champion"
 

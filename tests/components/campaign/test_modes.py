@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pyarrow.compute as pc
 import pytest
 
-import rftflow.components.campaign as campaign_module
+import rftflow.components.campaign.stages as campaign_module
 from rftflow.components.config import ConfigError, load_config
-from rftflow.components.preflight import preflight
-from rftflow.components.run import CampaignRun
+from rftflow.components.campaign.preflight import preflight
+from rftflow.components.campaign.run import CampaignRun
 
 TWO = ["sync.method=checkpoint", "rounds=3", "eval.every=3", "checkpoint.every=3", "trainer.warmup_steps=4"]
 

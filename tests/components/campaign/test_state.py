@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from rftflow.components.buffer.state import (
+from rftflow.components.campaign.state import (
     Attempt, CampaignState, StateConflict, StateStore, config_changes, fingerprint, now,
 )
 from rftflow.components.buffer.store import open_store

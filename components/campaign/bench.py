@@ -21,7 +21,7 @@ from rftflow.components.verify import scoring
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.explore.models import load_model, resolve_model_path
 from rftflow.components.verify.rewards import make_reward_fn
-from rftflow.components.preflight import Preflight
+from rftflow.components.campaign.preflight import Preflight
 from rftflow.components.tracking import Tracker
 
 

@@ -28,10 +28,10 @@ from typing import Any
 
 from rftflow import __version__
 from rftflow.components.buffer.layout import CampaignStore, CorruptCheckpoint, open_run_store, shard_order
-from rftflow.components.buffer.state import StateStore, claim, now, state_role
-from rftflow.components.campaign import ROUND, Campaign, StopFlag
+from rftflow.components.campaign.state import StateStore, claim, now, state_role
+from rftflow.components.campaign.stages import ROUND, Campaign, StopFlag
 from rftflow.components.data.report import validation_report
-from rftflow.components.preflight import Preflight
+from rftflow.components.campaign.preflight import Preflight
 from rftflow.components.train.checkpoints import OPTIMIZER_FILES
 from rftflow.components.tracking import Tracker
 
@@ -362,7 +362,7 @@ class CampaignRun:
     def promote(self, round_no: int) -> dict[str, Any]:
         """The registered version against the ``champion`` alias (``components.promotion``): the
         alias moves on a clear, significant win; the decision's line goes into the summary."""
-        from rftflow.components.promotion import promote
+        from rftflow.components.campaign.promotion import promote
 
         def work() -> dict[str, float]:
             decision = promote(self.checked, self.state.model_version)
@@ -481,7 +481,7 @@ def move_aside(checked: Preflight) -> str:
     store, and its files in the run dir (summary, final model, validation report) to
     ``<run dir>/moved-<UTC time>/``. Nothing is deleted; the MLflow run stays where it is, tagged
     ``rftflow.moved_aside`` (and ended KILLED if it was left RUNNING). Returns what moved."""
-    from rftflow.components.buffer.state import StateStore
+    from rftflow.components.campaign.state import StateStore
     from rftflow.components.buffer.store import open_store, parse_store_url, store_options
 
     cfg, run_dir = checked.cfg, checked.run_dir
