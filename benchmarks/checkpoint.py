@@ -39,11 +39,11 @@ def time_checkpoints(campaign: Campaign, repeat: int) -> tuple[list[float], list
             start = time.perf_counter()
             manifest = campaign.checkpoint(1000 + i, Path(out))
             saves.append(time.perf_counter() - start)
-            size = sum(f["bytes"] for f in campaign.store.checkpoints()[-1]["files"].values())
+            size = sum(f["bytes"] for f in campaign.weight_store.checkpoints()[-1]["files"].values())
             start = time.perf_counter()
             campaign.restore(manifest["weight_version"], Path(into))
             loads.append(time.perf_counter() - start)
-        campaign.store.delete_checkpoint(manifest["weight_version"])
+        campaign.weight_store.delete_checkpoint(manifest["weight_version"])
         campaign.policy_version += 1  # the next one is another version
     return saves, loads, size
 

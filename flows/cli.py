@@ -175,6 +175,7 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
            ) -> None:
     """Where a campaign stands: status, rounds done, last checkpoint, MLflow run, last error."""
     from rftflow.components.buffer.layout import moved_aside
+    from rftflow.components.buffer.weights import WeightStore
     from rftflow.components.campaign.state import StateStore
 
     opened = _open_buffer(store, campaign)
@@ -185,7 +186,8 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
         if state is None:
             _fail(f"{opened.url}: campaign {opened.campaign!r} has stored data but never ran (no state)")
         rounds = state.config.get("rounds")
-        checkpoints = opened.checkpoints()
+        weights = WeightStore(opened.objects, opened.campaign)
+        checkpoints = weights.checkpoints()
         last = checkpoints[-1] if checkpoints else None
         table = Table(title=f"campaign {state.campaign} in {opened.url}", show_header=False)
         rows = [
@@ -194,7 +196,7 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
                                        if state.status == "running" else "")),
             ("rounds done", f"{state.rounds_done} of {rounds}"),
             ("last stage", f"{state.stage} of round {state.round}" if state.stage else "none"),
-            ("last checkpoint", f"{opened.checkpoint_prefix(last['version'])} (round {last['round']}, {last.get('created_at')})"
+            ("last checkpoint", f"{weights.checkpoint_prefix(last['version'])} (round {last['round']}, {last.get('created_at')})"
              if last else "none"),
             ("held-out accuracy", ", ".join(f"r{r}: {a:.3f}" for r, a in sorted(state.evals.items(), key=lambda kv: int(kv[0])))
              or "none"),
@@ -207,7 +209,7 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
         if explorer is not None and explorer is not state:
             rows.append(("explorer process", f"{explorer.status}, {explorer.rounds_done} of {rounds} rounds explored"
                          + (f"; last error: {explorer.error}" if explorer.error else "")))
-        published = opened.published_weights()
+        published = weights.published_weights()
         if published:
             rows.append(("published weights", f"v{published[-1]} (newest of {len(published)} kept)"))
         earlier = moved_aside(opened.objects, opened.campaign)
@@ -262,7 +264,7 @@ RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only this roun
 
 def _open_buffer(location: str, campaign: str | None):
     """``components.buffer.layout.open_campaign``, its one-line errors ending the command."""
-    from rftflow.components.buffer.layout import open_campaign
+    from rftflow.components.buffer.experiences import open_campaign
 
     try:
         with _store_errors():
@@ -418,16 +420,17 @@ ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write the o
 
 def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, overrides: list[str],
             report: Path | None) -> None:
-    from rftflow.components.buffer.layout import CampaignStore, open_run_store
+    from rftflow.components.buffer.experiences import ExperienceStore, store_ingested
+    from rftflow.components.buffer.layout import open_run_store
     from rftflow.components.data.contracts import ContractError
-    from rftflow.components.data.ingest import store_ingested, validate_file
+    from rftflow.components.data.ingest import validate_file
     from rftflow.components.data.tasksets import TasksetError
     from rftflow.components.explore.models import load_model
 
     _collector_on()
     checked = _preflight(config, run_dir, overrides)
     cfg = checked.cfg
-    store = CampaignStore(open_run_store(cfg.storage, checked.run_dir), cfg.name)
+    store = ExperienceStore(open_run_store(cfg.storage, checked.run_dir), cfg.name)
     _, tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download)
     try:
         result = validate_file(file, kind, cfg.name, tokenizer, cfg.contracts, chat_template=cfg.model.chat_template)

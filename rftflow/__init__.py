@@ -33,7 +33,7 @@ except PackageNotFoundError:  # a source tree that was never installed
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.experiences import ExperienceStore
     from rftflow.components.config import CampaignConfig
     from rftflow.components.campaign.promotion import Decision
 
@@ -86,10 +86,10 @@ def _finished_summary(checked) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {"campaign": checked.cfg.name, "status": "finished"}
 
 
-def open_store(location: str | Path, campaign: str | None = None) -> CampaignStore:
+def open_store(location: str | Path, campaign: str | None = None) -> ExperienceStore:
     """A campaign's store, from its run dir or a store URL (``file:///…``, ``s3://bucket/prefix``;
     S3 settings from the AWS environment); ``campaign`` may be left out when the store holds one."""
-    from rftflow.components.buffer.layout import open_campaign
+    from rftflow.components.buffer.experiences import open_campaign
 
     return open_campaign(location, campaign)
 

@@ -4,6 +4,7 @@ and the notebook API without importing torch."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,7 +16,13 @@ FOLDERS = ("components", "flows", "tasks", "infra", "configs")
 
 
 def test_the_wheel_holds_rftflow_alone_with_every_module_and_the_shipped_configs(tmp_path):
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
+    source = tmp_path / "source"  # a copy: setuptools builds in the source tree (its build/ folder)
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "rftflow", *FOLDERS):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
+        copy(ROOT / name, source / name, **({"symlinks": True, "ignore": shutil.ignore_patterns("__pycache__")}
+                                           if copy is shutil.copytree else {}))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
                             "-w", str(tmp_path)], capture_output=True, text=True)
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = tmp_path.glob("rftflow-*.whl")

@@ -32,7 +32,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rftflow.components.buffer.layout import CHECKPOINT_MANIFEST, WEIGHTS_MANIFEST, CampaignStore, shard_order
+from rftflow.components.buffer.experiences import ExperienceStore
+from rftflow.components.buffer.weights import WeightStore
+
+from rftflow.components.buffer.layout import CHECKPOINT_MANIFEST, WEIGHTS_MANIFEST, shard_order
 from rftflow.components.buffer.shards import COMMIT_DIR
 
 KINDS = ("staging", "experiences", "quarantine", "weights", "checkpoints", "uncommitted")
@@ -64,9 +67,9 @@ def _rounds(keys: list[str]) -> dict[int, list[str]]:
     return grouped
 
 
-def _resume_state(store: CampaignStore, version: int) -> dict[str, Any]:
+def _resume_state(weights: WeightStore, version: int) -> dict[str, Any]:
     """The buffer state and weight version a checkpoint resumes with (its ``campaign.json``)."""
-    return json.loads(store.objects.get(f"{store.checkpoint_prefix(version)}/campaign.json"))
+    return json.loads(weights.objects.get(f"{weights.checkpoint_prefix(version)}/campaign.json"))
 
 
 def _replayable(table, uses: dict[str, int], limit: int, bound: int | None, version: int) -> bool:
@@ -77,7 +80,7 @@ def _replayable(table, uses: dict[str, int], limit: int, bound: int | None, vers
                for gid, v in zip(stats.column("group_id").to_pylist(), stats.column("model_version_max").to_pylist()))
 
 
-def _needed_from(store: CampaignStore, oldest: dict[str, Any] | None, config: dict[str, Any]) -> int | None:
+def _needed_from(store: ExperienceStore, oldest: dict[str, Any] | None, config: dict[str, Any]) -> int | None:
     """The oldest round of explorer experiences that a resume from ``oldest`` (a kept checkpoint's
     ``campaign.json``) may read: every round after its own (redone, their stored rows reused), and
     before it, from the FIFO cursor on or (replay) each round with a group a replay may still
@@ -97,7 +100,7 @@ def _needed_from(store: CampaignStore, oldest: dict[str, Any] | None, config: di
     return after
 
 
-def plan(store: CampaignStore, config: dict[str, Any], *, finished: bool, keep_rounds: int | None = None) -> GcPlan:
+def plan(store: ExperienceStore, config: dict[str, Any], *, finished: bool, keep_rounds: int | None = None) -> GcPlan:
     """What can go from ``store``'s campaign under the rules of the module docstring. ``config``:
     the campaign's (as in its state); ``finished``: the campaign ended (its newest weights are
     then superseded too); ``keep_rounds`` overrides ``retention.keep_rounds``."""
@@ -106,13 +109,14 @@ def plan(store: CampaignStore, config: dict[str, Any], *, finished: bool, keep_r
     keys = store.objects.list(store.key(""))
     under = lambda *parts: [k for k in keys if k.startswith(store.key(*parts) + "/")]  # noqa: E731
 
-    checkpoints = store.checkpoints()
+    weights = WeightStore(store.objects, store.campaign)
+    checkpoints = weights.checkpoints()
     keep_last, keep_best = config["checkpoint"]["keep_last"], config["checkpoint"]["keep_best"]
     kept = {m["version"] for m in checkpoints[-keep_last:]}
     scored = [m for m in checkpoints if m.get("eval_accuracy") is not None]
     if keep_best and scored:
         kept.add(max(scored, key=lambda m: (m["eval_accuracy"], m["version"]))["version"])
-    kept_prefixes = {store.checkpoint_prefix(v) + "/" for v in kept}
+    kept_prefixes = {weights.checkpoint_prefix(v) + "/" for v in kept}
     for key in under("checkpoints"):
         if not any(key.startswith(p) for p in kept_prefixes):
             result.deletions["checkpoints"].append(key)
@@ -120,7 +124,7 @@ def plan(store: CampaignStore, config: dict[str, Any], *, finished: bool, keep_r
     # what a resume may read: from the oldest kept checkpoint on (it is the fallback when newer ones
     # are corrupt); a finished campaign never resumes
     oldest_kept = min(kept) if kept and not finished else None
-    oldest = _resume_state(store, oldest_kept) if oldest_kept is not None else None
+    oldest = _resume_state(weights, oldest_kept) if oldest_kept is not None else None
     oldest_round = oldest["round"] if oldest else None
 
     usual = _rounds(under("experiences", "usual"))
@@ -153,7 +157,7 @@ def plan(store: CampaignStore, config: dict[str, Any], *, finished: bool, keep_r
                else "") + ")")
     result.notes["quarantine"] = result.notes["quarantine"] + "; tasks, demonstrations, ingested files: kept"
 
-    published = store.published_weights()
+    published = weights.published_weights()
     superseded = published if finished else published[:-1]
     for version in superseded:
         result.deletions["weights"] += under("weights", f"v{version:06d}")
@@ -173,7 +177,7 @@ def plan(store: CampaignStore, config: dict[str, Any], *, finished: bool, keep_r
     return result
 
 
-def apply(store: CampaignStore, gc_plan: GcPlan) -> int:
+def apply(store: ExperienceStore, gc_plan: GcPlan) -> int:
     """Delete what ``gc_plan`` lists, commit markers and manifests first (a reader then never
     trusts what is left of a shard or checkpoint being deleted); the number of objects deleted."""
     keys = [k for kind in KINDS for k in gc_plan.deletions[kind]]

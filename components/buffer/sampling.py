@@ -30,7 +30,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rftflow.components.buffer.layout import CampaignStore, shard_order
+from rftflow.components.buffer.experiences import ExperienceStore
+
+from rftflow.components.buffer.layout import shard_order
 from rftflow.components.data.experience import SCHEMA
 from rftflow.components.data.groups import drop_zero_variance_groups
 
@@ -39,7 +41,7 @@ Row = dict[str, Any]
 
 
 # explorer rows -------------------------------------------------------------------------------
-def take_fifo(store: CampaignStore, max_rows: int | None = None, max_round: int | None = None
+def take_fifo(store: ExperienceStore, max_rows: int | None = None, max_round: int | None = None
               ) -> tuple[pa.Table, Commit]:
     """The oldest explorer rows not yet consumed, in store order, whole groups, about ``max_rows``
     of them (a group is never split; None = all), from rounds up to ``max_round`` (None = all:
@@ -63,7 +65,7 @@ def take_fifo(store: CampaignStore, max_rows: int | None = None, max_round: int 
     return rows, lambda: store.write_state("fifo_cursor", after)
 
 
-def take_replay(store: CampaignStore, n_rows: int, current_version: int, rng: random.Random, *,
+def take_replay(store: ExperienceStore, n_rows: int, current_version: int, rng: random.Random, *,
                 decay: float = 1.0, reuse_limit: int = 2, max_staleness: int | None = None,
                 max_round: int | None = None) -> tuple[pa.Table, Commit]:
     """Whole groups by priority = model_version − decay × uses (ties in ``rng`` order), until
@@ -145,7 +147,7 @@ def preference_pairs(table: pa.Table) -> tuple[pa.Table, int]:
 
 
 # expert rows ---------------------------------------------------------------------------------
-def expert_pool(store: CampaignStore, human_min_reward: float | None) -> pa.Table:
+def expert_pool(store: ExperienceStore, human_min_reward: float | None) -> pa.Table:
     """Demonstrations (gold answers, ingested ones), plus human-rated responses whose reward is at
     least ``human_min_reward`` (None: no human rows)."""
     expert = store.read_expert()
@@ -203,7 +205,7 @@ class Sampler:
     (replay's default size); ``groups_per_round`` the groups DAPO fills a batch with.
     """
 
-    def __init__(self, store: CampaignStore, buffer, algorithm, *, micro_batch_size: int, epochs: int,
+    def __init__(self, store: ExperienceStore, buffer, algorithm, *, micro_batch_size: int, epochs: int,
                  round_rows: int, groups_per_round: int, seed: int):
         self.store, self.buffer, self.algorithm = store, buffer, algorithm
         self.micro_batch_size, self.epochs = micro_batch_size, epochs

@@ -15,7 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rftflow.components.buffer.layout import CampaignStore, open_run_store
+from rftflow.components.buffer.weights import WeightStore
+
+from rftflow.components.buffer.layout import open_run_store
 from rftflow.components.data.tasksets import Task, load_tasks
 from rftflow.components.verify import scoring
 from rftflow.components.explore.engines import HFRolloutEngine
@@ -29,7 +31,7 @@ class BenchModelError(ValueError):
     """A ``bench.models`` entry that names no model; the message is one line naming it."""
 
 
-def resolve_bench_model(ref: str, store: CampaignStore, tracking_uri: str, into: Path) -> str:
+def resolve_bench_model(ref: str, store: WeightStore, tracking_uri: str, into: Path) -> str:
     """A local model directory for ``ref`` (see the module docstring); ``ValueError`` naming it."""
     if ref.startswith("checkpoint:"):
         versions = [m["version"] for m in store.checkpoints()]
@@ -69,7 +71,7 @@ def download_model_version(ref: str, tracking_uri: str, into: Path) -> str:
     return mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(into), tracking_uri=tracking_uri)
 
 
-def eval_engine(ref: str, store: CampaignStore | None, tracking_uri: str, cfg) -> HFRolloutEngine:
+def eval_engine(ref: str, store: WeightStore | None, tracking_uri: str, cfg) -> HFRolloutEngine:
     """An ``hf`` engine over model ``ref`` (see ``resolve_bench_model``), for greedy evaluation."""
     with tempfile.TemporaryDirectory() as into:
         model, tokenizer = load_model(resolve_bench_model(ref, store, tracking_uri, Path(into)))
@@ -88,7 +90,7 @@ def bench(checked: Preflight) -> dict[str, Any]:
     ``bench/accuracy/<taskset>`` at step = the model's index and the table ``bench.json``. Returns
     the summary (also ``<run dir>/bench.json``)."""
     cfg, out = checked.cfg, checked.run_dir
-    store = CampaignStore(open_run_store(cfg.storage, out), cfg.name)
+    store = WeightStore(open_run_store(cfg.storage, out), cfg.name)
     sources = cfg.bench.tasksets or [cfg.taskset.source]
     tasksets = {source: held_out(checked, source) for source in sources}
     rewards = {source: make_reward_fn(cfg.reward.function, source) for source in sources}

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from rftflow import __version__
-from rftflow.components.buffer.layout import CampaignStore, CorruptCheckpoint, open_run_store, shard_order
+from rftflow.components.buffer.experiences import ExperienceStore
+from rftflow.components.buffer.layout import open_run_store, shard_order
+from rftflow.components.buffer.weights import CorruptCheckpoint
 from rftflow.components.campaign.state import StateStore, claim, now, state_role
 from rftflow.components.campaign.stages import ROUND, Campaign, StopFlag
 from rftflow.components.data.report import validation_report
@@ -61,7 +63,7 @@ class CampaignRun:
         self.checked, self.cfg, self.run_dir = checked, checked.cfg, checked.run_dir
         cfg, out = self.cfg, self.run_dir
         self.flow_run_id = flow_run_id
-        store = CampaignStore(open_run_store(cfg.storage, out), cfg.name, write_behind=cfg.storage.write_behind)
+        store = ExperienceStore(open_run_store(cfg.storage, out), cfg.name, write_behind=cfg.storage.write_behind)
         self.states = StateStore(store.objects, cfg.name, state_role(cfg.mode))
         # AlreadyRunning while another attempt holds it: nothing written, no MLflow run made
         self.state, self.killed = claim(self.states, cfg.name, cfg.model_dump(mode="json"), flow_run_id)
@@ -110,9 +112,9 @@ class CampaignRun:
     def _restore_newest_usable(self) -> None:
         """Continue from the newest committed checkpoint whose files match its manifest (even if the
         state did not record it before a crash). A corrupt one is reported in one line and set aside
-        (``CampaignStore.set_aside_checkpoint``), and the one before it is tried: the rounds after it
+        (``ExperienceStore.set_aside_checkpoint``), and the one before it is tried: the rounds after it
         are redone. ``NoUsableCheckpoint`` when there were checkpoints and none is whole."""
-        store = self.campaign.store
+        store = self.campaign.weight_store
         committed = store.checkpoints()
         for manifest in reversed(committed):
             version = manifest["version"]
@@ -330,15 +332,15 @@ class CampaignRun:
         return manifest
 
     def _retire_checkpoints(self) -> None:
-        manifests = self.campaign.store.checkpoints()
+        manifests = self.campaign.weight_store.checkpoints()
         keep = {m["version"] for m in manifests[-self.cfg.checkpoint.keep_last:]}
         scored = [m for m in manifests if m.get("eval_accuracy") is not None]
         if self.cfg.checkpoint.keep_best and scored:
             keep.add(max(scored, key=lambda m: (m["eval_accuracy"], m["version"]))["version"])
         for m in manifests:
             if m["version"] not in keep:
-                self.campaign.store.delete_checkpoint(m["version"])
-                self.tracker.delete_artifacts(_artifact_path(self.campaign.store.checkpoint_prefix(m["version"])))
+                self.campaign.weight_store.delete_checkpoint(m["version"])
+                self.tracker.delete_artifacts(_artifact_path(self.campaign.weight_store.checkpoint_prefix(m["version"])))
 
     # the end ---------------------------------------------------------------------------------
     def register(self, round_no: int) -> dict[str, str]:

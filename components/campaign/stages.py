@@ -26,7 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from rftflow.components.buffer.layout import CampaignStore, campaigns_in, open_run_store, round_dir
+from rftflow.components.buffer.experiences import ExperienceStore
+from rftflow.components.buffer.weights import WeightStore
+
+from rftflow.components.buffer.layout import campaigns_in, open_run_store, round_dir
 from rftflow.components.buffer.sampling import Sampler
 from rftflow.components.data.groups import informative_groups
 from rftflow.components.buffer.selectors import PassRates, measured_rewards, select_tasks
@@ -77,7 +80,7 @@ class Campaign:
 
     def __init__(self, config: Preflight | CampaignConfig | Mapping[str, Any] | str | Path,
                  run_dir: str | Path | None = None, overrides: Sequence[str] = (), *,
-                 store: CampaignStore | None = None, stop: StopFlag | None = None):
+                 store: ExperienceStore | None = None, stop: StopFlag | None = None):
         checked = config if isinstance(config, Preflight) else preflight(config, run_dir, overrides)
         cfg = self.cfg = checked.cfg
         self.run_dir, self.algorithm = checked.run_dir, checked.algorithm
@@ -85,8 +88,9 @@ class Campaign:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         # a round's writes go to the store behind the compute; each round ends with them stored (``sync``)
-        self.store = store or CampaignStore(open_run_store(cfg.storage, self.run_dir), cfg.name,
+        self.store = store or ExperienceStore(open_run_store(cfg.storage, self.run_dir), cfg.name,
                                             write_behind=cfg.storage.write_behind)
+        self.weight_store = WeightStore(self.store.objects, cfg.name)  # checkpoints and published weights
         self.reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
         self.has_trainer, self.has_explorer = cfg.mode != "explore", cfg.mode != "train"
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
@@ -109,7 +113,7 @@ class Campaign:
         source = self.trainer.unwrapped if self.trainer else None
         target = self.engine if self.has_explorer else None
         self.weights = (MemoryWeightSync(source, target) if cfg.sync.method == "memory"
-                        else StoreWeightSync(self.store, source, target))
+                        else StoreWeightSync(self.weight_store, source, target))
         self.policy_version = 0  # the trainer's: +1 after the warm start, +1 per trained round
         self.validation_log: list[ValidationEntry] = []
         self.verified: dict[int, pa.Table] = {}  # verify's rows of a round, until buffer has stored them
@@ -355,7 +359,7 @@ class Campaign:
     def store_pass_rates(self) -> PassRates:
         """Pass rates measured by every campaign in this store (tasks are keyed by question hash,
         so a task explored by an earlier campaign on the same source has a measured rate)."""
-        return PassRates.merged(CampaignStore(self.store.objects, name).read_state("pass_rates")
+        return PassRates.merged(ExperienceStore(self.store.objects, name).read_state("pass_rates")
                                 for name in campaigns_in(self.store.objects))
 
     def evaluate(self) -> dict[str, float]:
@@ -379,14 +383,14 @@ class Campaign:
         }
         (out / "campaign.json").write_text(json.dumps(resume))
         meta = {**meta, "round": round_no, "weight_version": self.policy_version}
-        self.store.write_checkpoint(self.policy_version, out, meta)
-        return {**meta, "prefix": self.store.checkpoint_prefix(self.policy_version)}
+        self.weight_store.write_checkpoint(self.policy_version, out, meta)
+        return {**meta, "prefix": self.weight_store.checkpoint_prefix(self.policy_version)}
 
     def restore(self, version: int, into: Path) -> int:
         """Continue from committed checkpoint ``version`` (downloaded into ``into``): trainer,
         explorer weights, RNG states, buffer state and validation log as they were when it was
         written. Returns its round."""
-        self.store.read_checkpoint(version, into)
+        self.weight_store.read_checkpoint(version, into)
         load_trainer(self.trainer, into)
         resume = json.loads((into / "campaign.json").read_text())
         self.policy_version = resume["weight_version"]

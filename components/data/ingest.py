@@ -29,9 +29,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rftflow.components.buffer.layout import CampaignStore, ingest_dir
 from rftflow.components.config import ContractsConfig
-from rftflow.components.data.contracts import ContractBounds, Verdict, check_experiences, enforce
+from rftflow.components.data.contracts import ContractBounds, check_experiences
 from rftflow.components.data.experience import SCHEMA, experience_id, make_experience, to_table
 from rftflow.components.data.tasksets import read_rows, task_id
 from rftflow.components.data.prompts import encode_prompt
@@ -135,30 +134,4 @@ def validate_file(path: str | Path, kind: str, campaign: str, tokenizer, contrac
     return IngestResult(str(path), kind, ingest_id, accepted, quarantined)
 
 
-def store_ingested(result: IngestResult, store: CampaignStore, max_bad_fraction: float) -> dict[str, int]:
-    """Store an ingested file's accepted rows that are not stored yet (by ``experience_id``, see
-    the module docstring; by source) and its quarantine, unless more than ``max_bad_fraction`` of
-    its rows are bad (``ContractError``, nothing stored). Returns ``{"new": n, "already_present":
-    m}``. The report, with those counts, goes to ``state/ingest-<id>.json``, where the campaign's
-    validation report reads it."""
-    enforce(Verdict(result.accepted, result.quarantined), max_bad_fraction, f"file {result.file}",
-            label=lambda row: f"{result.file}:{json.loads(row['info'])['row']}")
-    stored = {*store.read_expert().column("experience_id").to_pylist(),
-              *store.read_human().column("experience_id").to_pylist()}
-    keep = []
-    for i, eid in enumerate(result.accepted.column("experience_id").to_pylist()):
-        if eid not in stored:
-            keep.append(i)
-            stored.add(eid)  # a row repeated within the file is stored once too
-    new = result.accepted.take(pa.array(keep, pa.int64()))
-    for source in ("expert", "human"):
-        rows = new.filter(pc.equal(new.column("source"), source))
-        if rows.num_rows:
-            store.write_ingested(source, result.ingest_id, rows)
-    store.write_quarantine(ingest_dir(result.ingest_id), result.quarantined)
-    counts = {"new": new.num_rows, "already_present": result.accepted.num_rows - new.num_rows}
-    store.write_state(ingest_dir(result.ingest_id), {**result.report(), **counts})  # for the validation report
-    return counts
-
-
-__all__ = ["INGEST_KINDS", "IngestResult", "store_ingested", "validate_file"]
+__all__ = ["INGEST_KINDS", "IngestResult", "validate_file"]

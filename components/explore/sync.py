@@ -7,7 +7,7 @@ the trainer's version minus a row's — is measurable and bounded (``algorithm.m
 
 - ``memory``: both models live in this process; ``publish`` copies the state dict in place.
 - ``checkpoint``: ``publish`` commits the weights to the store as ``weights/vNNNNNN/`` (safetensors,
-  then its manifest, then the ``weights/latest.json`` pointer; see ``CampaignStore.write_weights``);
+  then its manifest, then the ``weights/latest.json`` pointer; see ``ExperienceStore.write_weights``);
   ``pull`` loads a newer committed version into the explorer's model. The trainer and explorer
   may be two processes on two machines that share nothing but the store.
 """
@@ -19,7 +19,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from rftflow.components.buffer.layout import CampaignStore
+from rftflow.components.buffer.weights import WeightStore
 from rftflow.components.explore.engines import cpu_copies
 
 KEEP_PUBLISHED = 3  # published versions kept in the store (a reader may still be loading the one before)
@@ -52,7 +52,7 @@ class StoreWeightSync:
 
     method = "checkpoint"
 
-    def __init__(self, store: CampaignStore, source: nn.Module | None = None, target: nn.Module | None = None):
+    def __init__(self, store: WeightStore, source: nn.Module | None = None, target: nn.Module | None = None):
         self.store, self.source, self.target = store, source, target
         self.version = 0 if source is not None else -1  # an explorer alone holds nothing published yet
 

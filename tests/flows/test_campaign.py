@@ -204,7 +204,7 @@ def test_a_contract_failure_in_prepare_is_not_retried_and_keeps_its_rows(prefect
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.experiences import ExperienceStore
     from rftflow.components.buffer.store import open_store
     from rftflow.flows.campaign import rft_campaign
 
@@ -218,7 +218,7 @@ def test_a_contract_failure_in_prepare_is_not_retried_and_keeps_its_rows(prefect
     assert len(prepare) == 1 and prepare[0].run_count == 1  # bad data stays bad: no retry
     report = (tmp_path / "validation" / "validation.md").read_text()
     assert report.count("| expert contract |") == 2  # the totals line and its batch, once each
-    quarantined = CampaignStore(open_store((tmp_path / "store").as_uri()), "strict-prep").read_kind("quarantine")
+    quarantined = ExperienceStore(open_store((tmp_path / "store").as_uri()), "strict-prep").read_kind("quarantine")
     assert quarantined.num_rows > 0 and "within_bounds(prompt_tokens)" in quarantined.column("reason")[0].as_py()
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rftflow.components.buffer.layout import CampaignStore
+from rftflow.components.buffer.experiences import ExperienceStore
 from rftflow.components.buffer.sampling import expert_pool
 from rftflow.components.campaign.stages import Campaign
 from rftflow.flows.cli import app
@@ -71,5 +71,5 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
     grown = CliRunner().invoke(app, args, terminal_width=200)
     assert grown.exit_code == 0, grown.output
     assert (json.loads(report.read_text())["new"], json.loads(report.read_text())["already_present"]) == (2, 11)
-    human = CampaignStore(campaign.store.objects, "fb").read_kind("human")
+    human = ExperienceStore(campaign.store.objects, "fb").read_kind("human")
     assert human.num_rows == 12 and len(set(human.column("experience_id").to_pylist())) == 12

@@ -86,14 +86,16 @@ def check_trial(run_dir: Path, reference: dict) -> None:
     """The campaign in ``run_dir`` is whole, once, and the uninterrupted one's."""
     from mlflow import MlflowClient
 
-    from rftflow.components.buffer.layout import CampaignStore, recorded_store
+    from rftflow.components.buffer.experiences import ExperienceStore
+
+    from rftflow.components.buffer.layout import recorded_store
     from rftflow.components.buffer.store import open_store
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_accuracy_after"] == reference["accuracy"]
     assert sha256(run_dir / "model" / "model.safetensors") == reference["weights"]  # state equal, not close
     url, options = recorded_store(run_dir)
-    usual = CampaignStore(open_store(url, **options), "killed").read_kind("usual")
+    usual = ExperienceStore(open_store(url, **options), "killed").read_kind("usual")
     per_round = usual.group_by("round").aggregate([([], "count_all")]).to_pylist()
     assert sorted((r["round"], r["count_all"]) for r in per_round) == [(r, 16) for r in range(1, ROUNDS + 1)]
     ids = usual.column("experience_id").to_pylist()

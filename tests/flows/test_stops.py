@@ -59,12 +59,14 @@ def _whole(run_dir, name: str, store=None, rounds: int = ROUNDS) -> dict:
     """Every round stored once, one MLflow run FINISHED with one value per metric and step; the summary."""
     from mlflow import MlflowClient
 
-    from rftflow.components.buffer.layout import CampaignStore, recorded_store
+    from rftflow.components.buffer.experiences import ExperienceStore
+
+    from rftflow.components.buffer.layout import recorded_store
     from rftflow.components.buffer.store import open_store
 
     summary = json.loads((run_dir / "summary.json").read_text())
     url, options = recorded_store(run_dir)
-    usual = CampaignStore(store or open_store(url, **options), name).read_kind("usual")
+    usual = ExperienceStore(store or open_store(url, **options), name).read_kind("usual")
     per_round = usual.group_by("round").aggregate([([], "count_all")]).to_pylist()
     assert sorted((r["round"], r["count_all"]) for r in per_round) == [(r, 16) for r in range(1, rounds + 1)]
     ids = usual.column("experience_id").to_pylist()
@@ -124,8 +126,8 @@ def test_a_supervisor_sigterm_to_the_group_mid_round_stops_after_the_stage(embed
 
 def test_ctrl_c_during_a_slow_checkpoint_write_lets_it_finish_and_resumes_from_it(embedded_env, tmp_path, s3_server,
                                                                                  s3_bucket):
-    from rftflow.components.buffer.layout import CampaignStore
     from rftflow.components.buffer.store import open_store
+    from rftflow.components.buffer.weights import WeightStore
     from tests.faultproxy import FaultProxy
 
     direct = open_store(f"s3://{s3_bucket}/c", endpoint_url=s3_server.endpoint_url)
@@ -146,7 +148,7 @@ def test_ctrl_c_during_a_slow_checkpoint_write_lets_it_finish_and_resumes_from_i
         proxy.forward()
         line = _stopped(code, out, time.monotonic() - sent)
         assert line.group(3) == "after round 2 checkpoint" and line.group(4) == "the checkpoint of round 2"
-        assert [m["round"] for m in CampaignStore(direct, "ckpt").checkpoints()][-1] == 2  # it completed
+        assert [m["round"] for m in WeightStore(direct, "ckpt").checkpoints()][-1] == 2  # it completed
         code, out = run_to_end(args, env=env)
         assert code == 0, out[-3000:]
         clean(out)

@@ -47,10 +47,10 @@ def test_explorer_and_trainer_processes_complete_one_campaign(cli_env, tmp_path,
     assert summaries["explore"]["prefect_flow_run_id"] != summaries["train"]["prefect_flow_run_id"]
     assert summaries["train"]["eval_accuracy_after"] is not None and summaries["train"]["model_version"] == "1"
 
-    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.experiences import ExperienceStore
     from rftflow.components.buffer.store import open_store
 
-    usual = CampaignStore(open_store(store), "arith-mix").read_kind("usual")
+    usual = ExperienceStore(open_store(store), "arith-mix").read_kind("usual")
     for r in range(1, ROUNDS + 1):  # the trainer trains round r at version r (1 after the warm start, +1 a round)
         versions = set(usual.filter(pc.equal(usual.column("round"), r)).column("model_version").to_pylist())
         assert versions and all(0 <= r - v <= 1 for v in versions), (r, versions)

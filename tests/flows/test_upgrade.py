@@ -35,7 +35,7 @@ def test_a_campaign_killed_under_0_1_resumes_to_its_end(cli_env, tmp_path):
     from mlflow import MlflowClient
 
     from rftflow import __version__
-    from rftflow.components.buffer.layout import open_campaign
+    from rftflow.components.buffer.experiences import open_campaign
 
     home = _moved(tmp_path / "upgrade")
     code, out = run_to_end(["run", "campaign.yaml", "--run-dir", "run", "--no-progress"], env=cli_env, cwd=home)

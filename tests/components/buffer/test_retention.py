@@ -61,9 +61,9 @@ def test_gc_of_a_finished_campaign_drops_staging_and_superseded_weights_and_keep
     summary = run.run()  # gc'ed as it finished
     store = run.campaign.store
     assert summary["gc_deleted_objects"] > 0
-    assert store.objects.list(store.key("staging")) == [] and store.published_weights() == []
+    assert store.objects.list(store.key("staging")) == [] and run.campaign.weight_store.published_weights() == []
     assert _rounds(store.objects.list(store.key("experiences", "usual"))) == [3, 4]
     assert store.read_tasks("train").num_rows and store.read_expert().num_rows  # never collected
-    assert [m["round"] for m in store.checkpoints()] == [4]  # keep_last 1
+    assert [m["round"] for m in run.campaign.weight_store.checkpoints()] == [4]  # keep_last 1
     again = retention.plan(store, run.cfg.model_dump(mode="json"), finished=True)
     assert again.total == 0  # nothing left to collect

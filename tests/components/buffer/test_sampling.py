@@ -6,7 +6,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from rftflow.components.buffer.layout import CampaignStore
+from rftflow.components.buffer.experiences import ExperienceStore
 from rftflow.components.buffer.sampling import (
     drop_stale, first_groups, preference_pairs, stratified_order, take_fifo, take_replay,
 )
@@ -28,7 +28,7 @@ def _round(round_no: int, groups: int = 3, size: int = 2, version: int | None = 
 
 @pytest.fixture
 def store(tmp_path):
-    return CampaignStore(open_store((tmp_path / "store").as_uri()), "c")
+    return ExperienceStore(open_store((tmp_path / "store").as_uri()), "c")
 
 
 def test_fifo_serves_each_row_once_in_order_and_only_commit_moves_the_cursor(tmp_path, store):
@@ -43,7 +43,7 @@ def test_fifo_serves_each_row_once_in_order_and_only_commit_moves_the_cursor(tmp
     assert rest.column("group_id").to_pylist() == ["r1-g2"] * 2 + [f"r2-g{g}" for g in range(3) for _ in range(2)]
     commit()
     # the cursor is in the store: a new process (new store object) continues where this one stopped
-    fresh = CampaignStore(open_store((tmp_path / "store").as_uri()), "c")
+    fresh = ExperienceStore(open_store((tmp_path / "store").as_uri()), "c")
     assert take_fifo(fresh)[0].num_rows == 0
     fresh.write_usual(3, _round(3))
     assert take_fifo(fresh)[0].column("round").to_pylist() == [3] * 6
@@ -73,9 +73,9 @@ class CountingLists:
 @pytest.mark.parametrize("write_behind", [False, True])
 def test_fifo_lists_the_store_only_for_rounds_written_elsewhere(tmp_path, write_behind):
     # given a trainer's store and an explorer's, apart, on one campaign
-    trainer = CampaignStore(counted := CountingLists(open_store((tmp_path / "store").as_uri())), "c",
+    trainer = ExperienceStore(counted := CountingLists(open_store((tmp_path / "store").as_uri())), "c",
                             write_behind=write_behind)
-    explorer = CampaignStore(open_store((tmp_path / "store").as_uri()), "c")
+    explorer = ExperienceStore(open_store((tmp_path / "store").as_uri()), "c")
     # when the rounds are written where they are read, no read lists the store
     for r in (1, 2, 3):
         trainer.write_usual(r, _round(r, groups=1))

@@ -71,16 +71,16 @@ def test_shard_is_invisible_until_committed_and_rewrites_are_idempotent(store):
 
 
 def test_a_staging_shard_is_read_back_as_committed_by_whoever_committed_it(open_at):
-    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.experiences import ExperienceStore
 
     rows = pa.table({"x": pa.array([1, 2, 3], pa.int32()), "tag": ["a", None, "c"]})
-    writer, reader = CampaignStore(open_at(), "c1"), CampaignStore(open_at(), "c1")
+    writer, reader = ExperienceStore(open_at(), "c1"), ExperienceStore(open_at(), "c1")
     writer.write_staging(1, "rollouts", rows)
     from_store = reader.read_staging(1, "rollouts")
     assert writer.read_staging(1, "rollouts").equals(from_store) and from_store.equals(rows)
     # a rerun of the stage commits nothing (the shard is there): the next stage reads the
     # committed rows, not the rerun's
-    rerun = CampaignStore(open_at(), "c1")
+    rerun = ExperienceStore(open_at(), "c1")
     rerun.write_staging(1, "rollouts", pa.table({"x": pa.array([9], pa.int32()), "tag": ["z"]}))
     assert rerun.read_staging(1, "rollouts").equals(rows)
     # what the writer kept goes with its first read: a retried stage reads the store

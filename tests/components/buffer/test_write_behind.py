@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rftflow.components.buffer.layout import CampaignStore
+from rftflow.components.buffer.experiences import ExperienceStore
 from rftflow.components.buffer.shards import ShardError, committed_shards, encode_shard, is_committed, read_shard, shard_key
 from rftflow.components.data.experience import make_experience, to_table
 
@@ -54,7 +54,7 @@ def test_a_shard_read_back_equals_the_table_written():
 def test_queued_round_writes_are_read_in_process_and_stored_in_order(store):
     # given a store that holds every put until released
     gated = GatedStore(store)
-    queued = CampaignStore(gated, "c", write_behind=True)
+    queued = ExperienceStore(gated, "c", write_behind=True)
     gated.gate.clear()
     # when a round's writes are made (none can reach the store yet)
     table = rows(1)
@@ -76,7 +76,7 @@ def test_queued_round_writes_are_read_in_process_and_stored_in_order(store):
 
 def test_a_direct_write_or_a_read_of_a_queued_key_waits_for_the_queue(store):
     gated = GatedStore(store)
-    queued = CampaignStore(gated, "c", write_behind=True)
+    queued = ExperienceStore(gated, "c", write_behind=True)
     gated.gate.clear()
     queued.write_usual(1, rows(1))
     queued.write_state("pass_rates", {"t1": 0.5})
@@ -97,7 +97,7 @@ def test_a_direct_write_or_a_read_of_a_queued_key_waits_for_the_queue(store):
 def test_a_failed_queued_write_fails_the_next_flush_and_nothing_after_it_is_written(store):
     gated = GatedStore(store)
     gated.fail_on = "round=2"
-    queued = CampaignStore(gated, "c", write_behind=True)
+    queued = ExperienceStore(gated, "c", write_behind=True)
     gated.gate.clear()
     queued.write_usual(1, rows(1))
     queued.write_usual(2, rows(2))
@@ -114,10 +114,10 @@ def test_a_failed_queued_write_fails_the_next_flush_and_nothing_after_it_is_writ
 
 def test_a_queued_shard_that_another_writer_commits_first_fails_loudly(store):
     gated = GatedStore(store)
-    queued = CampaignStore(gated, "c", write_behind=True)
+    queued = ExperienceStore(gated, "c", write_behind=True)
     gated.gate.clear()
     queued.write_usual(1, rows(1, n=4))
-    CampaignStore(store, "c").write_usual(1, rows(1, n=2))  # another process, at the same time
+    ExperienceStore(store, "c").write_usual(1, rows(1, n=2))  # another process, at the same time
     gated.gate.set()
     with pytest.raises(ShardError, match="another writer committed it"):
         queued.flush()

@@ -24,7 +24,7 @@ def test_an_explorer_alone_and_a_trainer_alone_form_one_campaign(tmp_path, defau
     assert ("explore", 1) not in steps and steps[:2] == [("prepare", 0), ("warm_start", 0)]
     for step in steps[:4]:  # prepare, warm start (publishes version 1), evaluate, checkpoint
         trainer.step(*step)
-    assert trainer.campaign.store.published_weights() == [1]
+    assert trainer.campaign.weight_store.published_weights() == [1]
 
     explorer = CampaignRun(preflight(default_config, tmp_path / "explorer",
                                      [*small, *TWO, store, "mode=explore", "sync.offset=3"]))
@@ -40,7 +40,7 @@ def test_an_explorer_alone_and_a_trainer_alone_form_one_campaign(tmp_path, defau
     for step in steps[4:]:  # the trainer alone: trains on what the store holds, publishing weights
         trainer.step(*step)
     assert trainer.campaign.policy_version == 4
-    assert trainer.campaign.store.published_weights() == [2, 3, 4]  # the newest three are kept
+    assert trainer.campaign.weight_store.published_weights() == [2, 3, 4]  # the newest three are kept
     staleness = trainer.tracker.client.get_metric_history(trainer.tracker.run_id, "sample/staleness_max")
     assert [(m.step, m.value) for m in staleness] == [(1, 0.0), (2, 1.0), (3, 2.0)]  # version r vs rows of v1
 

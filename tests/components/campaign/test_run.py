@@ -144,7 +144,7 @@ def test_grouped_by_round_makes_each_rounds_stages_one_step_and_groups_rounds_up
 def test_checkpoints_are_committed_kept_by_retention_and_logged_to_the_run(start):
     run = start("keep")
     run.run()
-    manifests = run.campaign.store.checkpoints()
+    manifests = run.campaign.weight_store.checkpoints()
     # keep_last=1 keeps the final one (round 5); keep_best keeps the best held-out accuracy's
     best = max((m for m in manifests), key=lambda m: (m["eval_accuracy"], m["version"]))
     assert manifests[-1]["round"] == 5 and len(manifests) == (1 if best is manifests[-1] else 2)

@@ -99,7 +99,7 @@ def test_replay_buffer_and_curriculum_run_in_a_campaign(started):
 
 
 def test_prioritize_orders_train_tasks_by_pass_rates_measured_in_the_store(tmp_path, default_config, small):
-    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.experiences import ExperienceStore
     from rftflow.components.buffer.store import open_store
     from rftflow.components.data.tasksets import load_tasks
 
@@ -108,7 +108,7 @@ def test_prioritize_orders_train_tasks_by_pass_rates_measured_in_the_store(tmp_p
     train = load_tasks(cfg.taskset, cfg.seed, cfg.contracts).train
     # what an earlier campaign in this store measured (reward sum, attempts) for three of its tasks
     measured = {train[5].task_id: [4.0, 4], train[9].task_id: [0.0, 8], train[20].task_id: [2.0, 4]}
-    CampaignStore(open_store(cfg.storage.url), "first").write_state("pass_rates", {"rounds": [1], "tasks": measured})
+    ExperienceStore(open_store(cfg.storage.url), "first").write_state("pass_rates", {"rounds": [1], "tasks": measured})
     campaign = Campaign(cfg, tmp_path / "run")
     campaign.prepare()
     order = [t.task_id for t in campaign.train_tasks]

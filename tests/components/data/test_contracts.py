@@ -7,13 +7,14 @@ import math
 import pyarrow as pa
 import pytest
 
-from rftflow.components.buffer.layout import CampaignStore
+from rftflow.components.buffer.experiences import ExperienceStore
 from rftflow.components.buffer.sampling import expert_pool
 from rftflow.components.buffer.store import open_store
 from rftflow.components.config import ContractsConfig, TasksetConfig
 from rftflow.components.data.contracts import ContractBounds, ContractError, check, enforce
 from rftflow.components.data.experience import make_experience, to_table
-from rftflow.components.data.ingest import store_ingested, validate_file
+from rftflow.components.buffer.experiences import store_ingested
+from rftflow.components.data.ingest import validate_file
 from rftflow.components.data.report import ValidationEntry, validation_report
 from rftflow.components.data.tasksets import TasksetError, validated_tasks
 
@@ -204,7 +205,7 @@ def test_feedback_corpus_is_quarantined_with_reasons_and_stored_once(tiny, tmp_p
     correction = result.accepted.filter(pa.compute.equal(result.accepted.column("source"), "expert")).to_pylist()[0]
     assert correction["response"] == "8" and json.loads(correction["info"])["original_response"] == "9"
 
-    store = CampaignStore(open_store((tmp_path / "store").as_uri()), "c")
+    store = ExperienceStore(open_store((tmp_path / "store").as_uri()), "c")
     assert store_ingested(result, store, contracts.max_bad_fraction) == {"new": 3, "already_present": 0}
     # the same file again: no duplicates
     assert store_ingested(result, store, contracts.max_bad_fraction) == {"new": 0, "already_present": 3}
@@ -212,7 +213,7 @@ def test_feedback_corpus_is_quarantined_with_reasons_and_stored_once(tiny, tmp_p
     # demonstrations the trainer samples: the correction, plus the human row rated ≥ 1.0
     assert sorted(expert_pool(store, 1.0).column("response").to_pylist()) == ["7", "8"]
     with pytest.raises(ContractError, match=r"file .*feedback.jsonl: 11 of 14 rows .* first: .*feedback.jsonl:4: parse"):
-        store_ingested(result, CampaignStore(store.objects, "other"), 0.5)
+        store_ingested(result, ExperienceStore(store.objects, "other"), 0.5)
     assert store.read_kind("human").num_rows == 2  # nothing stored for the failed batch
 
 

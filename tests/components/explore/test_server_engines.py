@@ -83,14 +83,14 @@ def test_a_whole_campaign_explores_with_the_openai_engine_and_syncs_the_server(s
                                                                               default_config, small):
     from mlflow import MlflowClient
 
-    from rftflow.components.buffer.layout import CampaignStore
+    from rftflow.components.buffer.experiences import ExperienceStore
     from rftflow.components.buffer.store import open_store
     from rftflow.flows.campaign import rft_campaign
 
     overrides = [*small, "name=served", "explorer.engine=openai", f"explorer.base_url={server}",
                  "explorer.served_model=tiny"]
     summary = rft_campaign(str(default_config), str(tmp_path), overrides=overrides)
-    usual = CampaignStore(open_store((tmp_path / "store").as_uri()), "served").read_kind("usual")
+    usual = ExperienceStore(open_store((tmp_path / "store").as_uri()), "served").read_kind("usual")
     per_round = usual.group_by("round").aggregate([([], "count_all")]).to_pylist()
     assert sorted((r["round"], r["count_all"]) for r in per_round) == [(1, 16), (2, 16)]
     # rows carry the server's behaviour log-probs, sampled with the weights synced after each round
