@@ -7,7 +7,7 @@ Runs the real flow (``rft_campaign`` on the embedded Prefect API, MLflow on SQLi
   ``Trainer.train`` (forward, backward, optimizer steps);
 - each stage's ``Campaign`` method: what is not compute in it is the stage's own data work (Parquet
   in the store, contracts, Arrow tables, checkpoints);
-- each step's ``CampaignRun.step``: what it adds is tracking (MLflow metrics and artifacts, the
+- each step's ``CampaignRun`` method: what it adds is tracking (MLflow metrics and artifacts, the
   state file);
 - the rounds' span: what no step covers is Prefect (task runs, their states and logs).
 
@@ -36,10 +36,12 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")  # not the task runs' INFO lines
 
 import rftflow.flows  # noqa: E402,F401  (quiet service defaults)
-from rftflow.components import campaign as campaign_module
-from rftflow.components.campaign.stages import ROUND, Campaign
+from rftflow.components.campaign import stages as campaign_module
+from rftflow.components.campaign.schedule import ROUND
+from rftflow.components.campaign.stages import Campaign
 from rftflow.components.explore.engines import HFRolloutEngine
-from rftflow.components.campaign.run import CampaignRun, task_run_span
+from rftflow.components.campaign.run import CampaignRun
+from rftflow.flows.orchestration import task_run_span
 from rftflow.components.train.trainer import Trainer
 from vs_trl import LR as TRL_LR, WORK as TRL_WORK  # benchmarks/ is on sys.path when a script in it runs
 
@@ -48,7 +50,7 @@ SETTINGS = {
     "default": [],
     "trl-sized": [*TRL_WORK, f"trainer.lr={TRL_LR}", "explorer.max_new_tokens=8"],
 }
-STEPS_IN_ROUNDS = (*ROUND, "evaluate", "checkpoint")
+STEPS_IN_ROUNDS = (*(s.value for s in ROUND), "evaluate", "checkpoint")
 FIRST_ROUND = 2  # round 1 also pays one-time costs (the taskset read into memory): not counted
 
 
@@ -103,20 +105,21 @@ class Timers:
                 return timed
             wrap(Campaign, step, around)
 
-        def stepped(fn):
-            def timed(run, name, round_no):
-                if name not in STEPS_IN_ROUNDS or round_no < FIRST_ROUND:
-                    return fn(run, name, round_no)
+        def stepped(fn, name):
+            def timed(run, round_no):
+                if round_no < FIRST_ROUND:
+                    return fn(run, round_no)
                 self.step, start = name, time.perf_counter()
                 try:
                     with self.part("step"):
-                        return fn(run, name, round_no)
+                        return fn(run, round_no)
                 finally:
                     self.intervals.append((start, time.perf_counter()))
                     self.count[name] += 1
                     self.step = None
             return timed
-        wrap(CampaignRun, "step", stepped)
+        for name in STEPS_IN_ROUNDS:  # each step's CampaignRun method: the stage and its tracking
+            wrap(CampaignRun, name, lambda fn, name=name: stepped(fn, name))
 
 
 def measure(setting: str, args: argparse.Namespace) -> None:

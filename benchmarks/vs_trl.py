@@ -285,7 +285,7 @@ def side_flow(cfg, args, *more: str) -> dict:
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         from mlflow import MlflowClient
 
-        from rftflow.components.campaign.run import task_run_span
+        from rftflow.flows.orchestration import task_run_span
 
         lengths = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history(summary["mlflow_run_id"],
                                                                                   "explore/response_len")
@@ -327,8 +327,8 @@ def child(args) -> None:
         result = apart_role(cfg, args)
     else:
         result = {"trl": side_trl, "loop": side_loop, "apart": side_apart, "flow": side_flow, "replay": side_replay,
-                  "flow_stage": lambda cfg, args: side_flow(cfg, args, "task_runs=stage"),
-                  "flow_round": lambda cfg, args: side_flow(cfg, args, "task_runs=round")}[args.side](cfg, args)
+                  "flow_stage": lambda cfg, args: side_flow(cfg, args, "orchestration.task_runs=stage"),
+                  "flow_round": lambda cfg, args: side_flow(cfg, args, "orchestration.task_runs=round")}[args.side](cfg, args)
     result.setdefault("peak_rss_mb", peak_rss_mb())
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -402,26 +402,6 @@ class CampaignConfig(_Section):
         "alone (trains on what the store holds, publishes weights); `bench`: evaluate `bench.models` on "
         "`bench.tasksets`. `explore` + `train` on one store form one campaign (`sync.method: checkpoint`).",
     )
-    task_runs: Literal["auto", "stage", "round"] = Field(
-        "auto", description="Prefect task runs of a round: `stage`, one per stage (`explore[r=3]`, `verify[r=3]`, "
-        "…: each timed, logged and failed on its own in the Prefect UI); `round`, one per round (`round[r=3]`) "
-        "running its stages in order, each still timed and logged to MLflow (`time/<stage>_s`) and named in the "
-        "task run's log line (no task retry for `buffer`: a round is not idempotent); `auto`, one per stage for "
-        "this attempt's first round, then one per stage while Prefect's share of that round's time stays within "
-        "`task_runs_max_share`, else one per k rounds (`round[r=2-5]`, a log line per round; k the fewest that "
-        "bring a task run's cost under a quarter of `task_runs_max_share`, at most 5 s of rounds; an evaluation "
-        "or checkpoint ends one) (mode `async`: always one per stage). A task run costs Prefect milliseconds: "
-        "nothing next to rounds of seconds, a large share of rounds of tens of milliseconds.",
-    )
-    rounds_per_task_run: int | None = Field(
-        None, ge=1, description="Rounds one task run spans when task runs are per round (`task_runs: round`, or "
-        "`auto`'s choice); consecutive rounds only (an evaluation or checkpoint ends one early). null: 1 for "
-        "`round`, for `auto` chosen from the measured share.",
-    )
-    task_runs_max_share: float = Field(
-        0.05, ge=0.0, le=1.0, description="`task_runs: auto`: the largest share of the first round's time "
-        "(wall time of its task runs) that Prefect's task runs may take and keep one per stage.",
-    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     taskset: TasksetConfig = Field(default_factory=TasksetConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
@@ -439,6 +419,11 @@ class CampaignConfig(_Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    orchestration: dict[str, Any] = Field(
+        default_factory=dict, description="How the orchestrator runs the steps: for the Prefect flow, "
+        "`rftflow.flows.orchestration` reads and checks this section (its keys are listed under `orchestration` "
+        "below). It says how the campaign is run, not what it computes: changing it resumes the same campaign.",
+    )
 
     @field_validator("rounds")
     @classmethod
@@ -450,11 +435,11 @@ class CampaignConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _moved_keys(cls, data: Any) -> Any:
-        """Keys that moved to another section fail with the new key's name."""
-        for old, new in MOVED_KEYS.items():
-            section, key = old.split(".")
-            if isinstance(data, dict) and isinstance(data.get(section), dict) and key in data[section]:
-                raise ValueError(f"config key {old!r} moved to {new!r}")
+        """Keys that moved to another place fail with the new key's name."""
+        if isinstance(data, dict):
+            for old, new in MOVED_KEYS.items():
+                if _has(data, old):
+                    raise ValueError(f"config key {old!r} moved to {new!r}")
         return data
 
     @model_validator(mode="after")
@@ -467,12 +452,6 @@ class CampaignConfig(_Section):
                              "set sync.method=checkpoint")
         if self.explorer.engine == "openai" and not (self.explorer.base_url and self.explorer.served_model):
             raise ValueError("explorer.engine 'openai' needs explorer.base_url and explorer.served_model")
-        if self.task_runs == "round" and self.mode == "async":
-            raise ValueError("task_runs 'round' runs a round's stages in turn; mode 'async' overlaps the explorer "
-                             "and the trainer: use task_runs 'stage' with it")
-        if self.rounds_per_task_run is not None and (self.task_runs == "stage" or self.mode == "async"):
-            raise ValueError("rounds_per_task_run groups rounds into task runs: it needs task_runs 'round' or 'auto' "
-                             "(not 'stage', nor mode 'async', which runs a task run per stage)")
         if self.mode == "bench" and not self.bench.models:
             raise ValueError("mode 'bench' needs bench.models (checkpoint:N, model dirs or models:/name/version)")
         bound = self.algorithm.max_staleness
@@ -483,7 +462,9 @@ class CampaignConfig(_Section):
         return self
 
 
-# Keys that left the algorithm section in 0.2 (they are about the explorer, buffer, trainer or taskset).
+# Keys that moved, old → new: a config that names an old one fails naming the new one, and a config
+# stored by an earlier version (a campaign's state) is migrated on read (``migrated``). The
+# orchestrator adds its own (``rftflow.flows.orchestration``).
 MOVED_KEYS = {
     "algorithm.expert_per_round": "buffer.expert_per_round",
     "algorithm.expert_ratio": "buffer.expert_ratio",
@@ -510,6 +491,49 @@ def config_path(source: str | Path) -> Path:
     if not path.is_file() and path.parent == Path(".") and shipped.is_file():
         return shipped
     return path
+
+
+def _has(data: Mapping[str, Any], dotted: str) -> bool:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        data = data.get(part)
+        if not isinstance(data, Mapping):
+            return False
+    return leaf in data
+
+
+def known_key(key: str) -> bool:
+    """Whether dotted ``key`` is a key of this version's config (anything under a mapping-valued
+    key, such as ``taskset.params.*``, counts as known)."""
+    model: Any = CampaignConfig
+    for part in key.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return True  # inside a free-form mapping
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        model = field.annotation
+    return True
+
+
+def migrated(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored config (a campaign's, as an earlier version wrote it) with its moved keys in their
+    new places (``MOVED_KEYS``), so it compares with a config of this version."""
+    data = copy.deepcopy(dict(config))
+    for old, new in MOVED_KEYS.items():
+        if not _has(data, old):
+            continue
+        *parents, leaf = old.split(".")
+        node = data
+        for part in parents:
+            node = node[part]
+        value = node.pop(leaf)
+        *parents, leaf = new.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(leaf, value)
+    return data
 
 
 def cache_dir() -> Path:

@@ -1,13 +1,12 @@
-"""The ``rft_campaign`` flow: prepare, (warm start), then rounds of explore → verify → buffer →
-train → sync (``components.campaign.ROUND``), held-out evaluation every k rounds, a checkpoint
-every ``checkpoint.every`` rounds, and the final model registered in MLflow. Each step is a task
-run; with ``task_runs: auto`` the rounds after the first are one task run per k rounds when
-Prefect's share of the first round was over ``task_runs_max_share`` (``CampaignRun.task_run_done``
-chooses k, ``grouped_by_round`` groups them).
+"""The ``rft_campaign`` flow: a campaign's schedule (``components.campaign.schedule``: prepare, the
+warm start, rounds of explore → verify → buffer → train → sync, held-out evaluation every k rounds,
+a checkpoint every ``checkpoint.every`` rounds, the final model registered and promoted) walked as
+Prefect task runs, one per step or one per round (or k rounds), as the config's ``orchestration``
+section and ``TaskRunPlan`` decide (``flows.orchestration``).
 
 Durable: a campaign whose run dir holds an unfinished attempt resumes from its newest checkpoint
-(``components.run``), a finished one is left as it is, and a Prefect retry of the flow resumes the
-same way. SIGINT/SIGTERM stop it after the current stage.
+(``components.campaign.run``), a finished one is left as it is, and a Prefect retry of the flow
+resumes the same way. SIGINT/SIGTERM or a cancel of the flow run stop it after the current step.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, runtime
+from prefect import Task, flow, get_run_logger, runtime
 from prefect.states import Cancelled, Completed, Failed, State
 
 from rftflow.components.buffer.shards import ShardError
@@ -34,10 +33,12 @@ from rftflow.components.campaign.stages import StopFlag, StopRequested
 from rftflow.components.config import ConfigError
 from rftflow.components.data.contracts import ContractError
 from rftflow.components.campaign.preflight import Preflight, preflight
-from rftflow.components.campaign.run import CampaignRun, NoUsableCheckpoint, grouped_by_round, move_aside
+from rftflow.components.campaign.run import CampaignRun, NoUsableCheckpoint, move_aside
+from rftflow.components.campaign.schedule import Planned, Step
 from rftflow.flows.monitor import UIMonitor
+from rftflow.flows.orchestration import Rounds, TaskRunPlan, orchestration_of
 from rftflow.flows.progress import CampaignProgress
-from rftflow.tasks.stages import TASKS, bench
+from rftflow.tasks import stages
 
 
 CANCEL_POLL_SECONDS = 2.0  # how often a running campaign reads its flow run's state (a cancel in Prefect)
@@ -167,54 +168,85 @@ def stop_on_cancel(stop: StopFlag, flow_run_id: str | None) -> Iterator[None]:
         watcher.join(timeout=5)
 
 
-def _step(run: CampaignRun, name: str, round_no: int, last: int) -> dict:
-    """Step ``name`` of round ``round_no`` (``round``: rounds ``round_no`` to ``last``) as its task
-    run; its result, or it raises what failed it. Called for its result: ``return_state=True`` and
-    then ``State.result()`` would read the result back through Prefect's result machinery, a
-    cost per task run."""
-    result = TASKS[name](run, round_no, last) if name == "round" else TASKS[name](run, round_no)
-    if isinstance(result, State):  # the step returned Failed with its one line: raise its exception
+def task_of(run: CampaignRun, unit: Planned | Rounds) -> tuple[Task, tuple]:
+    """The task that runs ``unit`` and its arguments: a step's own task, or ``rounds`` for a task
+    run of rounds."""
+    if isinstance(unit, Rounds):
+        return stages.rounds, (run, unit.first, unit.last)
+    match unit.step:
+        case Step.PREPARE:
+            task = stages.prepare
+        case Step.WARM_START:
+            task = stages.warm_start
+        case Step.AWAIT_TASKSET:
+            task = stages.await_taskset
+        case Step.EXPLORE:
+            task = stages.explore
+        case Step.VERIFY:
+            task = stages.verify
+        case Step.BUFFER:
+            task = stages.buffer
+        case Step.TRAIN:
+            task = stages.train
+        case Step.SYNC:
+            task = stages.sync
+        case Step.EVALUATE:
+            task = stages.evaluate
+        case Step.CHECKPOINT:
+            task = stages.checkpoint
+        case Step.REGISTER:
+            task = stages.register
+        case Step.PROMOTE:
+            task = stages.promote
+        case _:
+            raise ValueError(f"no task for {unit.step!r}")
+    return task, (run, unit.round)
+
+
+def _call(run: CampaignRun, unit: Planned | Rounds) -> dict:
+    """``unit`` as its task run; its result, or it raises what failed or stopped it. Called for its
+    result: ``return_state=True`` and then ``State.result()`` would read the result back through
+    Prefect's result machinery, a cost per task run."""
+    task, args = task_of(run, unit)
+    result = task(*args)
+    if isinstance(result, State):  # the step returned Failed or Cancelled with its one line: raise its exception
         result.result()
     return result
 
 
-def _task_runs_of(lane: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
-    """A lane's steps as task runs, (step, round, last round): a lane of rounds (``grouped_by_round``
-    makes one of consecutive rounds) is one task run, any other step its own."""
-    if lane[0][0] == "round":
-        return [("round", lane[0][1], lane[-1][1])]
-    return [(name, round_no, round_no) for name, round_no in lane]
-
-
-def _run_lanes(run: CampaignRun, phase: list[list[tuple[str, int]]]) -> None:
+def _run_lanes(run: CampaignRun, phase: list[list[Planned]]) -> None:
     """Submit each lane's steps as a chain of task runs (each waits for the one before) and wait for
     all lanes; raises the first failure."""
     ends = []
     for lane in phase:
         previous = None
-        for name, round_no in lane:
-            previous = TASKS[name].submit(run, round_no, wait_for=[previous] if previous else None)
+        for planned in lane:
+            task, args = task_of(run, planned)
+            previous = task.submit(*args, wait_for=[previous] if previous else None)
         ends.append(previous)
     for end in ends:
         end.result()
 
 
-def _cut(run: CampaignRun, phases: list) -> list:
-    """``phases`` as task runs will run them: with task runs per round, ``run.rounds_per_task_run``
-    consecutive rounds a task run (``grouped_by_round``); else as they are."""
-    return grouped_by_round(phases, run.round_stages, run.rounds_per_task_run) if run.task_runs == "round" else phases
+def _round_ends(phases: list) -> dict[int, Planned | Rounds]:
+    """Each round's last unit (its evaluation or checkpoint, if due): the UI's table then has them."""
+    ends = {}
+    for phase in phases:
+        for lane in phase:
+            for unit in lane:
+                if isinstance(unit, Rounds):
+                    ends.update({r: unit for r in range(unit.first, unit.last + 1)})
+                elif unit.round and unit.step not in (Step.REGISTER, Step.PROMOTE):
+                    ends[unit.round] = unit
+    return ends
 
 
-def _round_ends(phases: list) -> dict[int, tuple[str, int]]:
-    """Each round's last step (its evaluation or checkpoint, if due): the UI's table then has them."""
-    return {r: (n, r) for phase in phases for lane in phase for n, r in lane if r and n not in ("register", "promote")}
-
-
-def _stop_if_asked(run: CampaignRun, round_no: int, stage: str | None) -> None:
+def _stop_if_asked(run: CampaignRun, last: Planned | Rounds | None) -> None:
     """``StopRequested`` naming the step just done when a stop was asked for (None: before any step)."""
     if run.stop_requested:
-        after = ("before its first step" if stage is None else f"after round {round_no}" if stage == "round"
-                 else f"after round {round_no} {stage}")
+        after = ("before its first step" if last is None else
+                 f"after round {min(last.last, run.state.rounds_done)}" if isinstance(last, Rounds)
+                 else f"after round {last.round} {last.step.value}")
         raise StopRequested(f"stopped ({run.stop_requested}) {after}")
 
 
@@ -262,10 +294,11 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
     overrides = [_filled(o) for o in overrides or []]
     try:
         checked = preflight(config, _filled(run_dir), overrides, restart=restart)
+        settings = orchestration_of(checked.cfg)
     except ConfigError as e:
         return Failed(message=str(e), data=e)
     if checked.cfg.mode == "bench":
-        state = bench(checked, return_state=True)
+        state = stages.bench(checked, return_state=True)
         return state.result() if state.is_completed() else Failed(message=state.message)
     if checked.finished:
         summary_file = checked.run_dir / "summary.json"
@@ -284,7 +317,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
         _mark_crashed(run)
         monitor = UIMonitor(run)
         try:
-            summary = _walk(run, monitor, show_progress)
+            summary = _walk(run, TaskRunPlan(settings, run.cfg.mode, run.stages), monitor, show_progress)
         except StopRequested as e:
             line = _stopped_line(run, e)
             _ended_early(run, monitor, "interrupted", line)
@@ -298,13 +331,13 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
     return summary
 
 
-def _walk(run: CampaignRun, monitor: UIMonitor, show_progress: bool) -> dict[str, Any]:
-    """Every step left, as task runs, in order; the summary."""
+def _walk(run: CampaignRun, plan: TaskRunPlan, monitor: UIMonitor, show_progress: bool) -> dict[str, Any]:
+    """Every step left (``run.phases``, the schedule), as task runs as ``plan`` cuts them; the summary."""
     with CampaignProgress(run.cfg, enabled=show_progress) as progress:
-        _stop_if_asked(run, 0, None)  # asked while the campaign was loading
+        _stop_if_asked(run, None)  # asked while the campaign was loading
         run.on_warmup_step = progress.warmup
-        first = run.round_steps[0]
-        phases = _cut(run, list(run.phases()))
+        first_round = run.rounds_left.start
+        phases = plan.cut(list(run.phases()))
         round_ends = _round_ends(phases)
         done = 0
         while done < len(phases):
@@ -313,26 +346,30 @@ def _walk(run: CampaignRun, monitor: UIMonitor, show_progress: bool) -> dict[str
             if len(phase) > 1:  # lanes at once (mode async): each a chain of task runs
                 _run_lanes(run, phase)
                 continue
-            for name, round_no, last in _task_runs_of(phase[0]):
-                if name == first and round_no == run.rounds_left.start:  # the first round of this attempt
-                    progress.start_rounds(run.accuracy_before, done=round_no - 1)
-                    monitor.start(rounds_done=round_no - 1)
+            for unit in phase[0]:
+                rounds = range(unit.first, unit.last + 1) if isinstance(unit, Rounds) else range(unit.round, unit.round + 1)
+                starts_rounds = rounds.start == first_round and (isinstance(unit, Rounds) or unit.step == run.stages[0])
+                if starts_rounds:  # the first round of this attempt
+                    progress.start_rounds(run.accuracy_before, done=first_round - 1)
+                    monitor.start(rounds_done=first_round - 1)
                 started = time.perf_counter()
-                _step(run, name, round_no, last)
-                chosen = run.task_run_done(name, round_no, time.perf_counter() - started)
+                _call(run, unit)
+                chosen = isinstance(unit, Planned) and plan.measured(unit, time.perf_counter() - started, run.step_seconds)
                 if chosen:  # task_runs auto decided
-                    get_run_logger().info(chosen)
-                    phases[done:] = _cut(run, phases[done:])
+                    line, metrics = chosen
+                    get_run_logger().info(line)
+                    run.tracker.log_metrics(metrics, step=unit.round, defer=True)
+                    phases[done:] = plan.cut(phases[done:])
                     round_ends = _round_ends(phases)
-                if name == "round":  # a task run of rounds stops early when asked to
-                    last = min(last, run.state.rounds_done)
-                for r in range(round_no, last + 1):
-                    if name in ("round", run.round_stages[-1]):  # the round's last stage is done
+                if isinstance(unit, Rounds):  # a task run of rounds stops early when asked to
+                    rounds = range(rounds.start, min(rounds.stop, run.state.rounds_done + 1))
+                for r in rounds:
+                    if isinstance(unit, Rounds) or unit.step == run.stages[-1]:  # the round's last stage is done
                         progress.round_done(r, run.last_reward, run.accuracy_last)
-                    if round_ends.get(r) == (name, r):
+                    if round_ends.get(r) == unit:
                         monitor.round_done(r)
-                _stop_if_asked(run, last, name)
-    summary = run.finish()
+                _stop_if_asked(run, unit)
+    summary = run.finish(task_runs=plan.granularity, rounds_per_task_run=plan.rounds_per_task_run)
     monitor.summary(summary)
     return summary
 

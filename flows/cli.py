@@ -70,9 +70,12 @@ def _preflight(config, run_dir: Path | None, overrides: list[str], restart: bool
 def _load_config(config: Path | None, overrides: list[str]):
     """The campaign config (file and overrides), or its one-line error ending the command."""
     from rftflow.components.config import ConfigError, load_config
+    from rftflow.flows.orchestration import orchestration_of  # its moved keys, and its section's check
 
     try:
-        return load_config(config or DEFAULT_CONFIG, overrides)
+        loaded = load_config(config or DEFAULT_CONFIG, overrides)
+        orchestration_of(loaded)
+        return loaded
     except ConfigError as e:
         _fail(str(e))
 

@@ -27,7 +27,7 @@ from typing import Any
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.artifacts import update_progress_artifact
 
-from rftflow.components.campaign.stages import ROUND
+from rftflow.components.campaign.schedule import ROUND, eval_due
 from rftflow.components.campaign.run import CampaignRun
 from rftflow.components.tracking import is_tracking_server
 
@@ -35,7 +35,7 @@ UPDATE_SECONDS = 5.0
 # column → MLflow metric of the round (blank where a round has none: accuracy between evaluations)
 COLUMNS = {"reward": "reward/mean", "loss": "loss/total", "accuracy": "eval/accuracy",
            "accepted": "contract/accepted", "quarantined": "contract/quarantined",
-           **{f"{stage} s": f"time/{stage}_s" for stage in ROUND}}
+           **{f"{stage.value} s": f"time/{stage.value}_s" for stage in ROUND}}
 
 
 def _best_effort(method):
@@ -91,7 +91,7 @@ class UIMonitor:
         """The progress and the table as of ``round_no``, when due (see the module docstring),
         written in the background (in the flow run's context, so they belong to it)."""
         now = time.monotonic()
-        due = round_no == self.run.cfg.rounds or self.run.campaign.eval_due(round_no)
+        due = round_no == self.run.cfg.rounds or eval_due(self.run.cfg, round_no)
         if not due and now - self._updated_at < UPDATE_SECONDS:
             return
         self._updated_at = now
@@ -110,7 +110,7 @@ class UIMonitor:
         """One row per round done: ``COLUMNS`` from the MLflow run's metrics of that step."""
         history = self.run.tracker.history
         return [{"round": r, **{col: _cell(history[r].get(key)) for col, key in COLUMNS.items()}}
-                for r in sorted(history) if r >= 1 and any(f"time/{s}_s" in history[r] for s in ROUND)]
+                for r in sorted(history) if r >= 1 and any(f"time/{s.value}_s" in history[r] for s in ROUND)]
 
     @_best_effort
     def summary(self, summary: dict[str, Any] | None = None, stopped: str | None = None) -> None:

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from rftflow.components.config import CampaignConfig
+from rftflow.flows.orchestration import OrchestrationConfig
 
 INTRO = """# Configuration reference
 
@@ -20,10 +21,18 @@ schema, for editors that validate YAML (`# yaml-language-server: $schema=rftflow
 """
 
 
+SECTIONS_ELSEWHERE = {"orchestration": OrchestrationConfig}  # sections a layer above components defines
+
+
 def config_schema() -> dict[str, Any]:
-    """The JSON schema of a campaign config (pydantic's, with a title and an ``$id``-free body)."""
+    """The JSON schema of a campaign config (pydantic's), the orchestrator's section included."""
     schema = CampaignConfig.model_json_schema()
     schema["title"] = "rftflow campaign config"
+    for name, model in SECTIONS_ELSEWHERE.items():
+        section = model.model_json_schema()
+        schema["$defs"][model.__name__] = {k: v for k, v in section.items() if k != "$defs"}
+        schema["properties"][name] = {"$ref": f"#/$defs/{model.__name__}", "description":
+                                      schema["properties"][name].get("description", "")}
     return schema
 
 
@@ -63,14 +72,14 @@ def config_reference() -> str:
     schema = config_schema()
     defs = schema.get("$defs", {})
     top = [(name, field) for name, field in CampaignConfig.model_fields.items()
-           if not hasattr(field.get_default(call_default_factory=True), "model_dump")]
-    sections = [(name, field) for name, field in CampaignConfig.model_fields.items() if (name, field) not in top]
+           if not _section(name, field)]
+    sections = [(name, field) for name, field in CampaignConfig.model_fields.items() if _section(name, field)]
     out = [INTRO, "## Top level\n", "| key | type | default | description |", "| --- | --- | --- | --- |"]
     for name, field in top:
         out.append(f"| `{name}` | {_type(schema['properties'][name], defs)} | {_default(field)} | "
                    f"{_cell(field.description or '')} |")
     for section, field in sections:
-        model = type(field.get_default(call_default_factory=True))
+        model = _section(section, field)
         props = defs[model.__name__]["properties"]
         out += ["", f"## `{section}`\n"]
         if model.__doc__ and model.__doc__.strip() and not model.__doc__.startswith(model.__name__):
@@ -82,12 +91,19 @@ def config_reference() -> str:
     return "\n".join(out) + "\n"
 
 
+def _section(name: str, field) -> type | None:
+    """The model of section ``name`` (None for a top-level key)."""
+    if name in SECTIONS_ELSEWHERE:
+        return SECTIONS_ELSEWHERE[name]
+    default = field.get_default(call_default_factory=True)
+    return type(default) if hasattr(default, "model_dump") else None
+
+
 def undocumented_keys() -> list[str]:
     """Config keys without a description (the reference would show them blank)."""
-    missing = [name for name, f in CampaignConfig.model_fields.items() if not f.description
-               and not hasattr(f.get_default(call_default_factory=True), "model_dump")]
+    missing = [name for name, f in CampaignConfig.model_fields.items() if not f.description and not _section(name, f)]
     for section, field in CampaignConfig.model_fields.items():
-        model = field.get_default(call_default_factory=True)
-        if hasattr(model, "model_dump"):
-            missing += [f"{section}.{n}" for n, f in type(model).model_fields.items() if not f.description]
+        model = _section(section, field)
+        if model is not None:
+            missing += [f"{section}.{n}" for n, f in model.model_fields.items() if not f.description]
     return missing

@@ -1,10 +1,8 @@
-"""The campaign's Prefect tasks: one per step of ``CampaignRun.phases`` (prepare, warm_start, the
-stages of ``components.campaign.ROUND`` — or ``round``, all of them, with ``task_runs: round``,
-and for several rounds at once once ``task_runs: auto`` chose so (``round[r=2-5]``) —
-evaluate, checkpoint, register, promote), each one
-``CampaignRun.step`` call (timed, logged to MLflow at step = round, recorded in the campaign's
-state). Task runs are named by step and round (``explore[r=3]``) for the Prefect UI; ``TASKS``
-maps each step's name to its task.
+"""The campaign's Prefect tasks: one per step of the schedule (``components.campaign.schedule``),
+each calling the ``CampaignRun`` method of the same name (timed, logged to MLflow at step = round,
+recorded in the campaign's state), and ``rounds``, a round's stages (or several rounds') as one
+task run when the flow runs them so (``flows.orchestration``). Task runs are named by step and
+round (``explore[r=3]``, ``round[r=2-5]``) for the Prefect UI, and log the step's metrics.
 
 They receive the ``CampaignRun`` (models inside), hence ``cache_policy=NO_CACHE``: Prefect must
 never pickle or hash it. Retries only where the work is idempotent IO, and never after a data
@@ -61,40 +59,91 @@ def outcome_line(result: dict) -> str:
     return ", ".join(parts) + (f" ({timing})" if seconds else "") if parts or seconds else "done"
 
 
-def _step_task(name: str, doc: str, **retry):
-    """The task that runs step ``name`` (a new function per step, so each is its own Prefect task)."""
-    def run_step(run: CampaignRun, round_no: int) -> dict | State:
-        try:
-            result = run.step(name, round_no)
-        except (*ONE_LINE, StopRequested) as e:
-            return one_line_state(e)
-        get_run_logger().info(outcome_line(result))
-        return result
-
-    run_step.__name__ = run_step.__qualname__ = name
-    run_step.__doc__ = doc
-    return task(run_step, name=name, task_run_name=f"{name}[r={{round_no}}]", cache_policy=NO_CACHE, **retry)
+def _logged(step, round_no: int) -> dict | State:
+    """``step(round_no)`` (a ``CampaignRun`` method), its metrics logged in one line; a failure
+    whose message is the whole story, or a stop, as the task run's state (see ``one_line_state``)."""
+    try:
+        result = step(round_no)
+    except (*ONE_LINE, StopRequested) as e:
+        return one_line_state(e)
+    get_run_logger().info(outcome_line(result))
+    return result
 
 
 IDEMPOTENT = {"retries": 2, "retry_delay_seconds": 1, "retry_condition_fn": worth_retrying}
-TASKS = {
-    "prepare": _step_task("prepare", "Store the taskset splits and expert demonstrations (idempotent).", **IDEMPOTENT),
-    "warm_start": _step_task("warm_start", "Expert-only SFT before the RL rounds; the start weights to the explorer."),
-    "await_taskset": _step_task("await_taskset", "An explorer process: wait for the trainer's taskset."),
-    "explore": _step_task("explore", "Sample tasks and generate groups of responses → staging."),
-    "verify": _step_task("verify", "Score the round's rollouts and check the experience contract."),
-    "buffer": _step_task("buffer", "Commit verified rows to the buffer, rejected ones to quarantine (idempotent).",
-                         **IDEMPOTENT),
-    "train": _step_task("train", "Update the policy on the round's batch with the configured algorithm "
-                                 "(a trainer process first waits for the explorer's round)."),
-    "sync": _step_task("sync", "Publish the trainer's weights to the explorer, when due (sync.interval)."),
-    "evaluate": _step_task("evaluate", "Greedy accuracy on the held-out split (round 0: before the rounds)."),
-    "checkpoint": _step_task("checkpoint", "Weights, optimizer, RNG, buffer state to the store; all but "
-                                           "the optimizer to MLflow."),
-    "register": _step_task("register", "Log the final model and register it as a model version (once).",
-                           **IDEMPOTENT),
-    "promote": _step_task("promote", "The registered version against @champion: the alias moves on a clear win."),
-}
+
+
+@task(name="prepare", task_run_name="prepare[r={round_no}]", cache_policy=NO_CACHE, **IDEMPOTENT)
+def prepare(run: CampaignRun, round_no: int = 0) -> dict | State:
+    """Store the taskset splits and expert demonstrations (idempotent)."""
+    return _logged(run.prepare, round_no)
+
+
+@task(name="warm_start", task_run_name="warm_start[r={round_no}]", cache_policy=NO_CACHE)
+def warm_start(run: CampaignRun, round_no: int = 0) -> dict | State:
+    """Expert-only SFT before the RL rounds; the start weights to the explorer."""
+    return _logged(run.warm_start, round_no)
+
+
+@task(name="await_taskset", task_run_name="await_taskset[r={round_no}]", cache_policy=NO_CACHE)
+def await_taskset(run: CampaignRun, round_no: int = 0) -> dict | State:
+    """An explorer process: wait for the trainer's taskset."""
+    return _logged(run.await_taskset, round_no)
+
+
+@task(name="explore", task_run_name="explore[r={round_no}]", cache_policy=NO_CACHE)
+def explore(run: CampaignRun, round_no: int) -> dict | State:
+    """Sample tasks and generate groups of responses → staging."""
+    return _logged(run.explore, round_no)
+
+
+@task(name="verify", task_run_name="verify[r={round_no}]", cache_policy=NO_CACHE)
+def verify(run: CampaignRun, round_no: int) -> dict | State:
+    """Score the round's rollouts and check the experience contract."""
+    return _logged(run.verify, round_no)
+
+
+@task(name="buffer", task_run_name="buffer[r={round_no}]", cache_policy=NO_CACHE, **IDEMPOTENT)
+def buffer(run: CampaignRun, round_no: int) -> dict | State:
+    """Commit verified rows to the buffer, rejected ones to quarantine (idempotent)."""
+    return _logged(run.buffer, round_no)
+
+
+@task(name="train", task_run_name="train[r={round_no}]", cache_policy=NO_CACHE)
+def train(run: CampaignRun, round_no: int) -> dict | State:
+    """Update the policy on the round's batch with the configured algorithm (a trainer process
+    first waits for the explorer's round)."""
+    return _logged(run.train, round_no)
+
+
+@task(name="sync", task_run_name="sync[r={round_no}]", cache_policy=NO_CACHE)
+def sync(run: CampaignRun, round_no: int) -> dict | State:
+    """Publish the trainer's weights to the explorer, when due (sync.interval)."""
+    return _logged(run.sync, round_no)
+
+
+@task(name="evaluate", task_run_name="evaluate[r={round_no}]", cache_policy=NO_CACHE)
+def evaluate(run: CampaignRun, round_no: int) -> dict | State:
+    """Greedy accuracy on the held-out split (round 0: before the rounds)."""
+    return _logged(run.evaluate, round_no)
+
+
+@task(name="checkpoint", task_run_name="checkpoint[r={round_no}]", cache_policy=NO_CACHE)
+def checkpoint(run: CampaignRun, round_no: int) -> dict | State:
+    """Weights, optimizer, RNG, buffer state to the store; all but the optimizer to MLflow."""
+    return _logged(run.checkpoint, round_no)
+
+
+@task(name="register", task_run_name="register[r={round_no}]", cache_policy=NO_CACHE, **IDEMPOTENT)
+def register(run: CampaignRun, round_no: int) -> dict | State:
+    """Log the final model and register it as a model version (once)."""
+    return _logged(run.register, round_no)
+
+
+@task(name="promote", task_run_name="promote[r={round_no}]", cache_policy=NO_CACHE)
+def promote(run: CampaignRun, round_no: int) -> dict | State:
+    """The registered version against @champion: the alias moves on a clear win."""
+    return _logged(run.promote, round_no)
 
 
 def _rounds_name() -> str:
@@ -105,24 +154,21 @@ def _rounds_name() -> str:
 
 
 @task(name="round", task_run_name=_rounds_name, cache_policy=NO_CACHE)
-def round_task(run: CampaignRun, round_no: int, last: int | None = None) -> dict | State:
-    """Rounds ``round_no`` to ``last`` (default: ``round_no`` alone), each its stages in order, as
-    one task run (task_runs: round, or auto's choice); a line of metrics per round. Stops after a
-    round when the campaign is asked to stop; returns the last round's metrics."""
+def rounds(run: CampaignRun, round_no: int, last: int | None = None) -> dict | State:
+    """Rounds ``round_no`` to ``last`` (default: ``round_no`` alone), each its stages in order
+    (``CampaignRun.round``), as one task run; a line of metrics per round. Stops after a round
+    when the campaign is asked to stop; returns the last round's metrics."""
     logger, result = get_run_logger(), {}
     last = last or round_no
     for r in range(round_no, last + 1):
         try:
-            result = run.step("round", r)
+            result = run.round(r)
         except (*ONE_LINE, StopRequested) as e:
             return one_line_state(e)
         logger.info(outcome_line(result) if last == round_no else f"round {r}: {outcome_line(result)}")
         if run.stop_requested:
             break
     return result
-
-
-TASKS["round"] = round_task
 
 
 @task(name="bench", cache_policy=NO_CACHE)

@@ -1,6 +1,6 @@
 """``CampaignRun``: one attempt at a campaign, durable — state, MLflow run, checkpoints, resume.
 
-A campaign's progress lives in its store (``buffer.state``: status, last round and stage, the
+A campaign's progress lives in its store (``campaign.state``: status, last round and stage, the
 newest checkpoint, held-out accuracies, the MLflow run, every attempt) and in checkpoints
 (``Campaign.checkpoint``). An attempt on a campaign that never started prepares it; an attempt on
 an unfinished one restores the newest checkpoint and redoes the rounds after it: their explore
@@ -8,8 +8,9 @@ and buffer writes from the interrupted attempt are reused (shard keys are determ
 commits are put-if-absent), the FIFO cursor, replay counts and pass rates are put back as they
 were, and the same MLflow run continues without logging a metric twice at one step. Model,
 optimizer and RNG states are restored, so the campaign ends exactly where an uninterrupted one
-ends. ``steps`` lists what is left to do, in order, defined once: the flow runs each step as a
-Prefect task, ``run`` runs them in plain Python. Nothing here imports Prefect.
+ends. What is left to do is ``schedule.phases``, defined once: ``run`` walks it in plain Python
+(``do``: each step its named method), the Prefect flow as tasks that call the same methods.
+Nothing here imports Prefect.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from rftflow.components.buffer.experiences import ExperienceStore
 from rftflow.components.buffer.layout import open_run_store, shard_order
 from rftflow.components.buffer.weights import CorruptCheckpoint
 from rftflow.components.campaign.state import StateStore, claim, now, state_role
-from rftflow.components.campaign.stages import ROUND, Campaign, StopFlag
+from rftflow.components.campaign.schedule import Phase, Planned, Step, phases, round_stages
+from rftflow.components.campaign.stages import Campaign, StopFlag
 from rftflow.components.data.report import validation_report
 from rftflow.components.campaign.preflight import Preflight
 from rftflow.components.train.checkpoints import OPTIMIZER_FILES
@@ -92,13 +94,8 @@ class CampaignRun:
         self.resumed_from: int | None = None
         self.promotion: str | None = None  # the promotion's decision, in one line
         self._lock = threading.RLock()  # async mode: two lanes record their stages at once
-        self.round_stages = {"explore": ROUND[:3], "train": ROUND[3:]}.get(cfg.mode, ROUND)  # this process's
-        # "stage" or "round"; None while task_runs auto is still measuring (see ``task_run_done``)
-        self.task_runs = {"auto": "stage" if cfg.mode == "async" else None}.get(cfg.task_runs, cfg.task_runs)
-        # how many rounds a task run spans once they are per round (the config's, else 1; auto may choose more)
-        self.rounds_per_task_run = cfg.rounds_per_task_run or 1
+        self.stages = round_stages(cfg.mode)  # the stages of a round this process runs
         self.step_seconds = 0.0  # the latest step's own time, its tracking included (``_tracked``)
-        self._first_round = [0.0, 0.0]  # task_runs auto: its task runs' wall seconds, and the stages' own
         if not self.campaign.has_trainer:  # an explorer alone redoes its newest committed round (idempotent)
             shards = self.campaign.store.usual_shards()
             self.resumed_from = max(0, shard_order(shards[-1])[0] - 1) if shards else None
@@ -139,11 +136,6 @@ class CampaignRun:
         return self.resumed_from is None
 
     @property
-    def round_steps(self) -> tuple[str, ...]:
-        """A round, as steps: ``round`` once task runs are one per round, else its stages."""
-        return ("round",) if self.task_runs == "round" else self.round_stages
-
-    @property
     def rounds_left(self) -> range:
         return range((self.resumed_from or 0) + 1, self.cfg.rounds + 1)
 
@@ -162,7 +154,7 @@ class CampaignRun:
         return self.campaign.stop.reason
 
     # stages: each timed; metrics (MLflow, step = round) and state committed after a round's last stage
-    def _tracked(self, name: str, round_no: int, work: Callable[[], dict[str, float]]) -> dict[str, float]:
+    def _tracked(self, step: Step, round_no: int, work: Callable[[], dict[str, float]]) -> dict[str, float]:
         """Run ``work``, time it, and record its metrics and the campaign's progress. A round's
         stage metrics and the state are committed together (one MLflow write, one state write)
         after its last stage, at most every ``COMMIT_SECONDS`` (rounds of a fraction of a second
@@ -172,17 +164,17 @@ class CampaignRun:
         start = time.perf_counter()
         metrics = {k: float(v) for k, v in work().items()}
         end = time.perf_counter()
-        metrics[f"time/{name}_s"] = end - start
-        if name in ROUND:  # the span of this attempt's rounds: first stage's start to latest stage's end
+        metrics[f"time/{step.value}_s"] = end - start
+        if step in self.stages:  # the span of this attempt's rounds: first stage's start to latest stage's end
             self.rounds_started = start if self.rounds_started is None else self.rounds_started
             self.rounds_ended = end
         with self._lock:
-            commit = name not in ROUND or (name == self.round_stages[-1]
-                                           and end - self._committed_at >= COMMIT_SECONDS)
+            last_stage = step == self.stages[-1]
+            commit = step not in self.stages or (last_stage and end - self._committed_at >= COMMIT_SECONDS)
             self.tracker.log_metrics(metrics, step=round_no, defer=not commit)
             self.last_reward = metrics.get("reward/mean", self.last_reward)
-            self.state.round, self.state.stage = round_no, name
-            if name == self.round_stages[-1]:
+            self.state.round, self.state.stage = round_no, step.value
+            if last_stage:
                 self.state.rounds_done = round_no
             self.state.weight_version = self.campaign.policy_version
             if commit:
@@ -191,118 +183,88 @@ class CampaignRun:
         self.step_seconds = time.perf_counter() - start  # the work and its tracking: what a task run wraps
         return metrics
 
-    def task_run_done(self, name: str, round_no: int, wall: float) -> str | None:
-        """``task_runs: auto``: count step ``name``'s task run (``wall`` seconds, the step's own time
-        and its MLflow and state writes inside). After this attempt's first round, choose for the
-        rounds after it: one task run per stage while Prefect's share of the round, (Σ wall − Σ own)
-        / Σ wall over its stages, is at most ``task_runs_max_share`` (s), else one task run per k
-        rounds (``rounds_per_task_run`` when set): the fewest for which one task run's cost c (the
-        round's Prefect time / its stages) is at most s/4 of theirs, c / (c + k · own) ≤ s/4, and at
-        most ``COMMIT_SECONDS`` of rounds (the UI's cadence). A quarter: the first round is slower
-        than later ones (warm-up), and a task run also slows the work after it (cold caches,
-        Prefect's threads), so the measured share understates the cost. Returns the choice in one
-        line when made."""
-        if self.task_runs is not None or name not in self.round_stages:
-            return None
-        self._first_round[0] += wall
-        self._first_round[1] += self.step_seconds
-        if name != self.round_stages[-1]:
-            return None
-        wall, own = self._first_round
-        share = (wall - own) / wall if wall > 0 else 0.0
-        max_share = self.cfg.task_runs_max_share
-        self.task_runs = "round" if share > max_share else "stage"
-        if self.task_runs == "round" and self.cfg.rounds_per_task_run is None:
-            cost, target = (wall - own) / len(self.round_stages), max_share / 4
-            fit = max(1, int(COMMIT_SECONDS / own)) if own > 0 else 1
-            needed = math.ceil(cost * (1 - target) / (target * own)) if target > 0 and own > 0 else fit
-            self.rounds_per_task_run = max(1, min(fit, needed))
-        self.tracker.log_metrics({"orchestration/task_run_share": share,
-                                  "orchestration/rounds_per_task_run": self.rounds_per_task_run},
-                                 step=round_no, defer=True)
-        then = f"one task run per {task_run_span(self.task_runs, self.rounds_per_task_run)}"
-        if self.task_runs == "round":
-            then += " from here on (task_runs: stage keeps one per stage)"
-        return (f"task_runs auto: Prefect's task runs took {share:.0%} of round {round_no} "
-                f"({(wall - own) * 1e3:.0f} ms of {wall * 1e3:.0f} ms; task_runs_max_share "
-                f"{max_share:.0%}): {then}")
+    # what is left, and a step of it -----------------------------------------------------------
+    def phases(self) -> Iterator[Phase]:
+        """What is left of this attempt (``schedule.phases``)."""
+        return phases(self.cfg, first_round=self.rounds_left.start, fresh=self.fresh)
 
-    def steps(self) -> Iterator[tuple[str, int]]:
-        """What is left, in order, as (step, round) — ``phases`` flattened."""
+    def steps(self) -> Iterator[Planned]:
+        """What is left, in order: ``phases`` flattened."""
         for phase in self.phases():
             for lane in phase:
                 yield from lane
 
-    def phases(self) -> Iterator[list[list[tuple[str, int]]]]:
-        """What is left, as phases: each a list of lanes that may run at once, each lane a list of
-        (step, round) in order. One lane of one step, except in mode ``async``.
+    def do(self, planned: Planned) -> dict[str, Any]:
+        """Step ``planned`` (see ``schedule.Step``), by its method."""
+        r = planned.round
+        match planned.step:
+            case Step.PREPARE:
+                return self.prepare(r)
+            case Step.WARM_START:
+                return self.warm_start(r)
+            case Step.AWAIT_TASKSET:
+                return self.await_taskset(r)
+            case Step.EXPLORE:
+                return self.explore(r)
+            case Step.VERIFY:
+                return self.verify(r)
+            case Step.BUFFER:
+                return self.buffer(r)
+            case Step.TRAIN:
+                return self.train(r)
+            case Step.SYNC:
+                return self.sync(r)
+            case Step.EVALUATE:
+                return self.evaluate(r)
+            case Step.CHECKPOINT:
+                return self.checkpoint(r)
+            case Step.REGISTER:
+                return self.register(r)
+            case Step.PROMOTE:
+                return self.promote(r)
+        raise ValueError(f"unknown step {planned.step!r}")
 
-        ``both``: prepare, the warm start, evaluation and a checkpoint at round 0 (for a fresh
-        campaign); then each round's stages (``ROUND``), evaluations and checkpoints as due; and
-        register. ``train``: the same without explore/verify/buffer (``train`` waits for an explorer
-        process to commit the round). ``explore``: wait for the trainer's taskset, then explore,
-        verify and buffer each round. ``async``: as ``both``, but the explorer runs ``sync.offset``
-        rounds ahead: round t + offset is explored, verified and stored while round t trains. With
-        ``task_runs: round`` (or auto, once it chose so) a round's stages are one step, ``round``:
-        each round reads ``round_steps`` when it is reached (the flow groups rounds for its task
-        runs with ``grouped_by_round``)."""
-        mode, one = self.cfg.mode, (lambda name, r: [[(name, r)]])
-        if mode == "explore":
-            if self.fresh:
-                yield one("await_taskset", 0)
-            for r in self.rounds_left:
-                yield from (one(step, r) for step in self.round_steps)
-            return
-        if self.fresh:
-            yield from (one(name, 0) for name in ("prepare", "warm_start", "evaluate", "checkpoint"))
-        ahead = self.cfg.sync.offset if mode == "async" else 0
-        first, last = self.rounds_left.start, self.cfg.rounds
-        explore = (lambda r: [(stage, r) for stage in ROUND[:3]] if first <= r <= last else [])
-        for r in range(first, min(first + ahead, last + 1)):  # the explorer's head start
-            yield [explore(r)]
-        for r in self.rounds_left:
-            if ahead:
-                yield [lane for lane in (explore(r + ahead), [("train", r)]) if lane]
-                yield one("sync", r)
-            else:
-                yield from (one(step, r) for step in self.round_steps)
-            if self.campaign.eval_due(r):
-                yield one("evaluate", r)
-            if self.campaign.checkpoint_due(r):
-                yield one("checkpoint", r)
-        yield one("register", self.cfg.rounds)
-        if self.cfg.promotion.after_campaign:
-            yield one("promote", self.cfg.rounds)
-
-    def step(self, name: str, round_no: int) -> dict[str, Any]:
-        """Do step ``name`` (see ``steps``) for round ``round_no``."""
-        if name in ROUND:
-            return self._tracked(name, round_no, lambda: getattr(self.campaign, name)(round_no))
-        if name == "round":  # task_runs: round — this process's stages of the round, in order
-            return {k: v for stage in self.round_stages for k, v in self.step(stage, round_no).items()}
-        if name == "prepare":
-            return self._tracked(name, round_no, self.campaign.prepare)
-        if name == "warm_start":
-            return self._tracked(name, round_no, lambda: self.campaign.warm_start(self.on_warmup_step))
-        if name == "await_taskset":
-            return self._tracked(name, round_no, self.campaign.await_taskset)
-        if name in ("evaluate", "checkpoint", "register", "promote"):
-            return getattr(self, name)(round_no)
-        raise ValueError(f"unknown step {name!r}; known: prepare, warm_start, await_taskset, {', '.join(ROUND)}, round, "
-                         "evaluate, checkpoint, register, promote")
+    def round(self, round_no: int) -> dict[str, float]:
+        """This process's stages of round ``round_no`` (``stages``), in order; their metrics."""
+        return {k: v for step in self.stages for k, v in self.do(Planned(step, round_no)).items()}
 
     def run(self) -> dict[str, Any]:
         """Every step left, then the summary (in plain Python; the flow runs them as tasks): the
         lanes of a phase in threads, at once."""
         for phase in self.phases():
             if len(phase) == 1:
-                for name, round_no in phase[0]:
-                    self.step(name, round_no)
+                for planned in phase[0]:
+                    self.do(planned)
                 continue
             with ThreadPoolExecutor(len(phase)) as pool:
-                for done in [pool.submit(lambda lane=lane: [self.step(*s) for s in lane]) for lane in phase]:
+                for done in [pool.submit(lambda lane=lane: [self.do(p) for p in lane]) for lane in phase]:
                     done.result()
         return self.finish()
+
+    # the steps, each timed and tracked (``_tracked``) -----------------------------------------
+    def prepare(self, round_no: int = 0) -> dict[str, float]:
+        return self._tracked(Step.PREPARE, round_no, self.campaign.prepare)
+
+    def warm_start(self, round_no: int = 0) -> dict[str, float]:
+        return self._tracked(Step.WARM_START, round_no, lambda: self.campaign.warm_start(self.on_warmup_step))
+
+    def await_taskset(self, round_no: int = 0) -> dict[str, float]:
+        return self._tracked(Step.AWAIT_TASKSET, round_no, self.campaign.await_taskset)
+
+    def explore(self, round_no: int) -> dict[str, float]:
+        return self._tracked(Step.EXPLORE, round_no, lambda: self.campaign.explore(round_no))
+
+    def verify(self, round_no: int) -> dict[str, float]:
+        return self._tracked(Step.VERIFY, round_no, lambda: self.campaign.verify(round_no))
+
+    def buffer(self, round_no: int) -> dict[str, float]:
+        return self._tracked(Step.BUFFER, round_no, lambda: self.campaign.buffer(round_no))
+
+    def train(self, round_no: int) -> dict[str, float]:
+        return self._tracked(Step.TRAIN, round_no, lambda: self.campaign.train(round_no))
+
+    def sync(self, round_no: int) -> dict[str, float]:
+        return self._tracked(Step.SYNC, round_no, lambda: self.campaign.sync(round_no))
 
     def evaluate(self, round_no: int) -> dict[str, float]:
         """Held-out accuracy at ``round_no`` (0 = before the rounds), kept in the state."""
@@ -311,7 +273,7 @@ class CampaignRun:
             self.state.evals[str(round_no)] = metrics["eval/accuracy"]
             return metrics
 
-        return self._tracked("evaluate", round_no, work)
+        return self._tracked(Step.EVALUATE, round_no, work)
 
     def checkpoint(self, round_no: int) -> dict[str, Any]:
         """Checkpoint after ``round_no``: all of it to the store (what a resume reads), and to the
@@ -374,7 +336,7 @@ class CampaignRun:
                 metrics["promotion/p_value"] = decision.p_value
             return metrics
 
-        return {**self._tracked("promote", round_no, work), "decision": self.promotion}
+        return {**self._tracked(Step.PROMOTE, round_no, work), "decision": self.promotion}
 
     def validation_report(self, store_reachable: bool = True) -> tuple[Path, str]:
         """``<run dir>/validation/validation.md``, also logged to the MLflow run: (path, artifact URI).
@@ -384,8 +346,9 @@ class CampaignRun:
         path.write_text(validation_report(self.campaign.validation_entries(ingested=store_reachable), self.cfg.name))
         return path, self.tracker.log_artifacts(path.parent, "validation")
 
-    def finish(self) -> dict[str, Any]:
-        """The summary (also ``<run dir>/summary.json``); the campaign recorded finished."""
+    def finish(self, **extra: Any) -> dict[str, Any]:
+        """The summary, with ``extra`` keys (an orchestrator's, say), also ``<run dir>/summary.json``;
+        the campaign recorded finished."""
         before, after = self.accuracy_before, self.accuracy_last
         report, report_uri = self.validation_report()
         name = self.cfg.tracking.registered_model
@@ -398,7 +361,7 @@ class CampaignRun:
             "store_url": self.campaign.store.url, "prefect_flow_run_id": self.flow_run_id or "",
             "run_dir": str(self.run_dir), "validation_report": str(report), "validation_report_mlflow": report_uri,
             "attempts": len(self.state.attempts), "resumed_from_round": self.resumed_from, "mode": self.cfg.mode,
-            "promotion": self.promotion, "task_runs": self.task_runs, "rounds_per_task_run": self.rounds_per_task_run,
+            "promotion": self.promotion, **extra,
         }
         if self.cfg.retention.after_campaign:
             summary["gc_deleted_objects"] = self.collect_garbage()
@@ -435,34 +398,6 @@ class CampaignRun:
 
     def wall_seconds(self) -> float:
         return round(time.perf_counter() - self.started, 1)
-
-
-def task_run_span(task_runs: str | None, rounds_per_task_run: int) -> str:
-    """What one task run of a round covers, in words: ``stage``, ``round`` or ``3 rounds`` (from
-    a ``CampaignRun`` or its summary's ``task_runs`` and ``rounds_per_task_run``)."""
-    if task_runs != "round":
-        return "stage"
-    return "round" if rounds_per_task_run == 1 else f"{rounds_per_task_run} rounds"
-
-
-def grouped_by_round(phases: list[list[list[tuple[str, int]]]], stages: tuple[str, ...], per_task_run: int = 1) -> list:
-    """``phases`` (single-lane, as ``CampaignRun.phases`` makes them) with each round's run of
-    ``stages`` steps as one ``round`` step, and up to ``per_task_run`` consecutive rounds (none
-    with a step between them: an evaluation or a checkpoint ends a group) as one lane, one task
-    run; everything else as it was."""
-    grouped: list = []
-    for phase in phases:
-        (name, round_no), = phase[0]
-        if name in stages or name == "round":
-            lane = grouped[-1][0] if grouped else []
-            if lane and lane[-1] == ("round", round_no):
-                continue
-            if lane and lane[-1] == ("round", round_no - 1) and len(lane) < per_task_run:
-                lane.append(("round", round_no))
-                continue
-            name = "round"
-        grouped.append([[(name, round_no)]])
-    return grouped
 
 
 def describe(cfg, flow_run_id: str | None, flow_run_url: str | None) -> str:

@@ -1,8 +1,7 @@
 """``Campaign``: the parts of one running campaign, wired together, with one method per stage.
 
-A round is ``ROUND``, its stages in order: explore → verify → buffer → train → sync; the Prefect
-flow and ``run_round`` both walk that list. Stage methods take a round number and return small
-metric dicts (namespaced keys). Explore's rollouts are committed to the store (``staging/``) and
+A round is ``schedule.ROUND``, its stages in order: explore → verify → buffer → train → sync, one
+method each. Stage methods take a round number and return small metric dicts (namespaced keys). Explore's rollouts are committed to the store (``staging/``) and
 read from memory by verify (from the store when verify runs again, or after a resume); verify hands
 its verified rows to buffer in memory, kept until buffer has stored them (as usual experiences and
 quarantine: the same rows), so a retried buffer has them. Nothing here imports Prefect: ``tasks/``
@@ -46,10 +45,10 @@ from rftflow.components.explore.models import load_model
 from rftflow.components.verify.rewards import make_reward_fn
 from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync
 from rftflow.components.campaign.preflight import Preflight, preflight
+from rftflow.components.campaign.schedule import ROUND, Step, sync_due
 from rftflow.components.train.checkpoints import load_trainer, save_trainer
 from rftflow.components.train.trainer import Trainer
 
-ROUND = ("explore", "verify", "buffer", "train", "sync")  # a round's stages, in order: one method each
 # buffer state a checkpoint restores: the trainer's (sampling cursors) and the explorer's (pass rates)
 TRAINER_STATE, EXPLORER_STATE = ("fifo_cursor", "replay_uses"), ("pass_rates",)
 RESUMABLE_STATE = TRAINER_STATE + EXPLORER_STATE
@@ -325,31 +324,33 @@ class Campaign:
             time.sleep(pause)
             pause = min(2 * pause, POLL_MAX_SECONDS)
 
-    def eval_due(self, round_no: int) -> bool:
-        return round_no % self.cfg.eval.every == 0 or round_no == self.cfg.rounds
-
-    def checkpoint_due(self, round_no: int) -> bool:
-        return round_no % self.cfg.checkpoint.every == 0 or round_no == self.cfg.rounds
-
-    def sync_due(self, round_no: int) -> bool:
-        """Weights move every ``sync.interval`` rounds, after the last, and before each evaluation and
-        checkpoint (so both see the trainer's policy)."""
-        return round_no % self.cfg.sync.interval == 0 or self.eval_due(round_no) or self.checkpoint_due(round_no)
-
     def sync(self, round_no: int) -> dict[str, float]:
         """End the round: its queued writes are waited for (a failed one fails this stage); then the
-        trainer's weights go to the explorer when due (``sync_due``). Returns the explorer's version."""
+        trainer's weights go to the explorer when due (``schedule.sync_due``). Returns the explorer's version."""
         self.store.flush()
-        if self.sync_due(round_no):
+        if sync_due(self.cfg, round_no):
             self.weights.publish(self.policy_version)
         return {"sync/weight_version": float(self.weights.version)}
 
     def run_round(self, round_no: int) -> dict[str, float]:
-        """The stages of ``ROUND`` in order, without Prefect (tests, benchmarks, notebooks)."""
-        metrics: dict[str, float] = {}
-        for stage in ROUND:
-            metrics |= getattr(self, stage)(round_no)
-        return metrics
+        """The round's stages (``schedule.ROUND``) in order, without tracking or Prefect (tests,
+        benchmarks, notebooks); their metrics."""
+        return {k: v for step in ROUND for k, v in self.stage(step, round_no).items()}
+
+    def stage(self, step: Step, round_no: int) -> dict[str, float]:
+        """Stage ``step`` (one of ``schedule.ROUND``) of round ``round_no``."""
+        match step:
+            case Step.EXPLORE:
+                return self.explore(round_no)
+            case Step.VERIFY:
+                return self.verify(round_no)
+            case Step.BUFFER:
+                return self.buffer(round_no)
+            case Step.TRAIN:
+                return self.train(round_no)
+            case Step.SYNC:
+                return self.sync(round_no)
+        raise ValueError(f"{step} is not a stage of a round")
 
     # pass rates, evaluation, results ---------------------------------------------------------
     def pass_rates(self) -> PassRates:

@@ -32,9 +32,13 @@ KEEP_GENERATIONS = 20
 # run dir does not make it another campaign.
 OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_seconds", "storage.write_behind",
                     "checkpoint.keep_last", "checkpoint.keep_best", "sync.timeout_seconds", "explorer.base_url",
-                    "bench.models", "threads", "task_runs", "task_runs_max_share", "rounds_per_task_run",
-                    "bench.tasksets", "promotion.margin", "promotion.alpha", "promotion.min_accuracy",
-                    "retention.keep_rounds", "retention.after_campaign")
+                    "bench.models", "threads", "bench.tasksets", "promotion.margin", "promotion.alpha",
+                    "promotion.min_accuracy", "retention.keep_rounds", "retention.after_campaign")
+OPERATIONAL_SECTIONS = ("orchestration",)  # how the steps are run: every key in it
+
+
+def operational(key: str) -> bool:
+    return key in OPERATIONAL_KEYS or key.split(".")[0] in OPERATIONAL_SECTIONS
 
 
 class StateConflict(RuntimeError):
@@ -54,21 +58,23 @@ def running_line(state: CampaignState) -> str:
 
 def fingerprint(config: dict[str, Any]) -> str:
     """sha256 of the config's keys and values that decide what the campaign computes."""
-    kept = {k: v for k, v in flatten(config).items() if k not in OPERATIONAL_KEYS}
+    kept = {k: v for k, v in flatten(config).items() if not operational(k)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key (old → new)`` for each key whose value differs, operational keys aside. A key the old
-    config lacks (added by a newer rftflow) that holds its default is no change: a campaign started
-    before an upgrade resumes after it."""
-    from rftflow.components.config import CampaignConfig
+    """``key (old → new)`` for each key whose value differs, operational keys aside, after the old
+    config's moved keys are put in their new places (``config.migrated``). A key the old config
+    lacks (added by a newer rftflow) that holds its default is no change, nor is a key this version
+    no longer has: a campaign started before an upgrade resumes after it."""
+    from rftflow.components.config import CampaignConfig, known_key, migrated
 
-    a, b = flatten(old), flatten(new)
+    a, b = flatten(migrated(old)), flatten(new)
     defaults = flatten(CampaignConfig().model_dump(mode="json"))
     return [f"{k} ({a.get(k)!r} → {b.get(k)!r})" for k in sorted(set(a) | set(b))
-            if k not in OPERATIONAL_KEYS and a.get(k) != b.get(k)
-            and not (k not in a and k in defaults and b.get(k) == defaults[k])]
+            if not operational(k) and a.get(k) != b.get(k)
+            and not (k not in a and k in defaults and b.get(k) == defaults[k])
+            and not (k not in b and not known_key(k))]
 
 
 def now() -> str:

@@ -52,12 +52,6 @@ def test_missing_config_file_and_bad_override():
 def test_cross_field_check_names_the_keys():
     with pytest.raises(ConfigError, match=r"buffer\.expert_per_round must be > 0 for `sft`"):
         load_config(None, ["algorithm.name=sft"])
-    with pytest.raises(ConfigError, match=r"task_runs 'round' .* mode 'async'"):
-        load_config(None, ["task_runs=round", "mode=async"])
-    assert load_config(None, ["task_runs=round"]).task_runs == "round"
-    with pytest.raises(ConfigError, match="rounds_per_task_run groups rounds .*not 'stage'"):
-        load_config(None, ["task_runs=stage", "rounds_per_task_run=4"])
-    assert load_config(None, ["task_runs=round", "rounds_per_task_run=4"]).rounds_per_task_run == 4
 
 
 def test_a_config_comes_from_a_path_a_mapping_or_a_config_with_overrides(default_config):

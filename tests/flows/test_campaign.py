@@ -232,7 +232,7 @@ def test_task_runs_auto_over_its_share_runs_the_rounds_after_the_first_several_t
 
     # a share of 0: any cost of Prefect's is over it
     summary = rft_campaign(str(default_config), str(tmp_path), overrides=[*small, "name=auto", "rounds=3",
-                                                                           "task_runs_max_share=0"])
+                                                                           "orchestration.task_runs_max_share=0"])
     assert summary["task_runs"] == "round" and summary["rounds"] == 3
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[summary["prefect_flow_run_id"]])))
@@ -278,8 +278,8 @@ def test_a_signal_stops_a_task_run_of_rounds_after_its_current_round(prefect_api
 
     monkeypatch.setattr(Campaign, "train", train_then_signal)
     state = rft_campaign(str(default_config), str(tmp_path), overrides=[*small, "name=stopped", "rounds=6",
-                                                                         "eval.every=6", "task_runs=round",
-                                                                         "rounds_per_task_run=4"],
+                                                                         "eval.every=6", "orchestration.task_runs=round",
+                                                                         "orchestration.rounds_per_task_run=4"],
                          return_state=True)
     assert state.is_cancelled() and "stopped (SIGTERM) after round 2;" in state.message, state.message
     campaign_state = StateStore(open_store(f"file://{tmp_path}/store"), "stopped").read()
@@ -304,7 +304,7 @@ def test_with_task_runs_round_a_round_is_one_task_run_and_each_stage_is_still_ti
 
     from rftflow.flows.campaign import rft_campaign
 
-    summary = rft_campaign(str(default_config), str(tmp_path), overrides=[*small, "name=per-round", "task_runs=round"])
+    summary = rft_campaign(str(default_config), str(tmp_path), overrides=[*small, "name=per-round", "orchestration.task_runs=round"])
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[summary["prefect_flow_run_id"]])))
     states = {run.name: run.state.type.value for run in runs}

@@ -69,7 +69,7 @@ def test_two_starts_on_one_run_dir_leave_one_campaign_and_refuse_the_other_in_on
 
 
 CORRUPT = ["name=corrupt", "rounds=4", "trainer.warmup_steps=20", "checkpoint.every=2", "eval.every=2",
-           "task_runs=stage", "checkpoint.keep_last=3"]
+           "orchestration.task_runs=stage", "checkpoint.keep_last=3"]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ CAMPAIGN = ["name=killed", f"rounds={ROUNDS}", "taskset.eval_size=20", "taskset.
             "reward.function=exact_match", "explorer.max_new_tokens=3", "eval.max_new_tokens=3",
             "trainer.warmup_steps=30", "trainer.micro_batch_size=16", "explorer.tasks_per_round=4",
             "explorer.repeat_times=4", "buffer.expert_per_round=16", "checkpoint.every=2", "eval.every=2",
-            "task_runs=stage"]  # killed between stages: a task run per stage throughout
+            "orchestration.task_runs=stage"]  # killed between stages: a task run per stage throughout
 # the task runs of one campaign, in order (the flow logs "Task run '<name>' - Finished" after each)
 STEPS = ["prepare[r=0]", "warm_start[r=0]", "evaluate[r=0]", "checkpoint[r=0]"] + [
     step for r in range(1, ROUNDS + 1) for step in

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow  # eight real runs of the CLI
 ROUNDS = 4
 CAMPAIGN = ["rounds=4", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=150",
             "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
-            "buffer.expert_per_round=8", "checkpoint.every=2", "eval.every=2", "task_runs=stage"]
+            "buffer.expert_per_round=8", "checkpoint.every=2", "eval.every=2", "orchestration.task_runs=stage"]
 STOPPED = re.compile(r"stopped: campaign (\S+) stopped \((\w[\w ]*)\) (.+); resume with the same command \(from (.+)\)")
 
 

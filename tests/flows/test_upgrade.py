@@ -38,7 +38,13 @@ def test_a_campaign_killed_under_0_1_resumes_to_its_end(cli_env, tmp_path):
     from rftflow.components.buffer.experiences import open_campaign
 
     home = _moved(tmp_path / "upgrade")
-    code, out = run_to_end(["run", "campaign.yaml", "--run-dir", "run", "--no-progress"], env=cli_env, cwd=home)
+    command = ["run", "campaign.yaml", "--run-dir", "run", "--no-progress"]
+    code, out = run_to_end(command, env=cli_env, cwd=home)  # the 0.1 config file names a key that moved
+    assert code == 2 and out.strip().splitlines() == [
+        "error: campaign.yaml: config key 'task_runs' moved to 'orchestration.task_runs'"], out
+    config = home / "campaign.yaml"  # as its user mends it; the stored config keeps the old key
+    config.write_text(config.read_text().replace("task_runs: stage", "orchestration: {task_runs: stage}"))
+    code, out = run_to_end(command, env=cli_env, cwd=home)
     assert code == 0 and "Traceback" not in out, out[-3000:]
     summary = json.loads((home / "run" / "summary.json").read_text())
     assert summary["resumed_from_round"] == 2 and summary["rounds"] == 4

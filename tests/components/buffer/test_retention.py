@@ -29,9 +29,9 @@ def test_gc_keeps_what_a_resumed_replay_campaign_needs_and_it_ends_as_the_uninte
     reference = start("reference")
     reference.run()
     abandoned = start("cut")
-    for name, round_no in abandoned.steps():  # killed after round 5's train: round 4's checkpoint is the newest
-        abandoned.step(name, round_no)
-        if (name, round_no) == ("train", 5):
+    for planned in abandoned.steps():  # killed after round 5's train: round 4's checkpoint is the newest
+        abandoned.do(planned)
+        if (planned.step.value, planned.round) == ("train", 5):
             break
     store = abandoned.campaign.store
     store.flush()

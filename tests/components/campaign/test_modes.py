@@ -14,6 +14,11 @@ from rftflow.components.config import ConfigError, load_config
 from rftflow.components.campaign.preflight import preflight
 from rftflow.components.campaign.run import CampaignRun
 
+def _named(steps) -> list[tuple[str, int]]:
+    """Planned steps as (step name, round)."""
+    return [(p.step.value, p.round) for p in steps]
+
+
 TWO = ["sync.method=checkpoint", "rounds=3", "eval.every=3", "checkpoint.every=3", "trainer.warmup_steps=4"]
 
 
@@ -21,14 +26,14 @@ def test_an_explorer_alone_and_a_trainer_alone_form_one_campaign(tmp_path, defau
     store = f"storage.url={(tmp_path / 'store').as_uri()}"
     trainer = CampaignRun(preflight(default_config, tmp_path / "trainer", [*small, *TWO, store, "mode=train"]))
     steps = list(trainer.steps())
-    assert ("explore", 1) not in steps and steps[:2] == [("prepare", 0), ("warm_start", 0)]
+    assert ("explore", 1) not in _named(steps) and _named(steps)[:2] == [("prepare", 0), ("warm_start", 0)]
     for step in steps[:4]:  # prepare, warm start (publishes version 1), evaluate, checkpoint
-        trainer.step(*step)
+        trainer.do(step)
     assert trainer.campaign.weight_store.published_weights() == [1]
 
     explorer = CampaignRun(preflight(default_config, tmp_path / "explorer",
                                      [*small, *TWO, store, "mode=explore", "sync.offset=3"]))
-    assert list(explorer.steps()) == [("await_taskset", 0)] + [
+    assert _named(explorer.steps()) == [("await_taskset", 0)] + [
         (s, r) for r in (1, 2, 3) for s in ("explore", "verify", "buffer")]
     summary = explorer.run()  # offset 3: every round may use the start weights, so it runs alone to the end
     assert summary["mode"] == "explore" and summary["model_version"] is None
@@ -38,7 +43,7 @@ def test_an_explorer_alone_and_a_trainer_alone_form_one_campaign(tmp_path, defau
     assert explorer.states.prefix.endswith("/state/explorer/") and explorer.states.read().status == "finished"
 
     for step in steps[4:]:  # the trainer alone: trains on what the store holds, publishing weights
-        trainer.step(*step)
+        trainer.do(step)
     assert trainer.campaign.policy_version == 4
     assert trainer.campaign.weight_store.published_weights() == [2, 3, 4]  # the newest three are kept
     staleness = trainer.tracker.client.get_metric_history(trainer.tracker.run_id, "sample/staleness_max")
@@ -50,7 +55,7 @@ def test_async_runs_the_explorer_ahead_within_the_staleness_bound(tmp_path, defa
         *small, "mode=async", "rounds=4", "sync.offset=1", "algorithm.max_staleness=1", "trainer.warmup_steps=4"]))
     phases = list(run.phases())
     lanes = [p for p in phases if len(p) == 2]
-    assert lanes[0] == [[("explore", 2), ("verify", 2), ("buffer", 2)], [("train", 1)]]  # round 2 explored during 1
+    assert [_named(lane) for lane in lanes[0]] == [[("explore", 2), ("verify", 2), ("buffer", 2)], [("train", 1)]]
     summary = run.run()
     usual = run.campaign.store.read_kind("usual")
     for r in range(1, 5):  # the trainer's version at round r is r (1 after the warm start, +1 a round)
@@ -65,12 +70,12 @@ def test_a_trainer_alone_times_out_in_one_line_when_no_explorer_comes(tmp_path, 
     run = CampaignRun(preflight(default_config, tmp_path / "alone", [
         *small, *TWO, "mode=train", "sync.timeout_seconds=1", "trainer.warmup_steps=0"]))
     for step in list(run.steps())[:4]:
-        run.step(*step)
+        run.do(step)
     pauses = []  # the campaign module's clock only: other threads' sleeps (MLflow's) stay out of it
     monkeypatch.setattr(campaign_module, "time", SimpleNamespace(
         monotonic=time.monotonic, sleep=lambda s: (pauses.append(s), time.sleep(s))))
     with pytest.raises(TimeoutError, match=r"waited 1 s for round 1's experiences .* --mode explore\|train"):
-        run.step("train", 1)
+        run.train(1)
     # the store is looked at after 2 ms, then twice as long each time, never more than 0.5 s apart
     assert pauses[:4] == [0.002, 0.004, 0.008, 0.016] and max(pauses) == campaign_module.POLL_MAX_SECONDS == 0.5
 

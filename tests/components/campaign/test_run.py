@@ -9,7 +9,7 @@ import torch
 
 from rftflow.components.config import ConfigError
 from rftflow.components.campaign.preflight import preflight
-from rftflow.components.campaign.run import CampaignRun, grouped_by_round, move_aside
+from rftflow.components.campaign.run import CampaignRun, move_aside
 
 DURABLE = ["rounds=5", "checkpoint.every=2", "eval.every=2", "trainer.warmup_steps=10", "checkpoint.keep_last=1"]
 
@@ -31,10 +31,10 @@ def _weights(run: CampaignRun) -> dict[str, torch.Tensor]:
 
 
 def _abandon_after(run: CampaignRun, stop: tuple[str, int]) -> None:
-    """Run steps until ``stop`` is done, then drop the attempt as a killed process would."""
-    for name, round_no in run.steps():
-        run.step(name, round_no)
-        if (name, round_no) == stop:
+    """Run steps until ``stop`` (step name, round) is done, then drop the attempt as a killed process would."""
+    for planned in run.steps():
+        run.do(planned)
+        if (planned.step.value, planned.round) == stop:
             return
 
 
@@ -63,82 +63,6 @@ def test_an_abandoned_attempt_resumes_from_its_checkpoint_and_ends_exactly_as_an
             assert len(steps) == len(set(steps)), key
         assert sorted(m.step for m in client.get_metric_history(run_id, "reward/mean")) == [1, 2, 3, 4, 5]
         assert resumed.state.status == "finished" and len(resumed.state.attempts) == 2
-
-
-def test_a_round_as_one_step_computes_the_same_campaign_and_resumes_the_same_way(start):
-    # task_runs: round (one Prefect task run a round) changes how the steps are cut, nothing computed
-    reference = start("by-stage")
-    reference.run()
-    cut = start("by-round", "task_runs=round")
-    steps = list(cut.steps())
-    assert [s for s in steps if s[1] in (1, 2, 3)][:3] == [("round", 1), ("round", 2), ("evaluate", 2)]
-    assert not [s for s in steps if s[0] in ("explore", "verify", "buffer", "train", "sync")]
-    _abandon_after(cut, ("round", 3))
-    resumed = start("by-round", "task_runs=round")
-    assert resumed.resumed_from == 2
-    summary = resumed.run()
-    for key, value in _weights(reference).items():
-        assert torch.equal(value, _weights(resumed)[key]), key
-    client, run_id = resumed.tracker.client, resumed.tracker.run_id
-    assert sorted(m.step for m in client.get_metric_history(run_id, "time/train_s")) == [1, 2, 3, 4, 5]
-    assert summary["eval_accuracy_after"] == reference.state.evals["5"]
-
-
-@pytest.mark.parametrize("max_share, chosen", [(0.25, "round"), (0.35, "stage"), (0.0, "round")])
-def test_task_runs_auto_chooses_by_prefects_share_of_the_first_round(start, max_share, chosen):
-    """(Σ wall − Σ own) / Σ wall over the first round's stages against task_runs_max_share; the
-    steps of the rounds after it follow the choice."""
-    run = start(f"auto-{max_share}", f"task_runs_max_share={max_share}")
-    assert run.task_runs is None and run.round_steps == ("explore", "verify", "buffer", "train", "sync")
-    for name, round_no in run.steps():
-        run.step(name, round_no)
-        if name in run.round_stages:  # each stage's task run took its own time + 30 ms: Prefect's share 0.3
-            line = run.task_run_done(name, round_no, run.step_seconds / 0.7)
-            assert (line is None) == (name != "sync")
-            if line:
-                assert "30% of round 1" in line, line
-                break
-    assert run.task_runs == chosen
-    k, (wall, own) = run.rounds_per_task_run, run._first_round
-    if chosen == "round":
-        c, fit = (wall - own) / len(run.round_stages), max(1, int(5.0 / own))  # at most 5 s of rounds a task run
-
-        def share(rounds):
-            return c / (c + rounds * own)
-
-        if max_share and k < fit:  # the fewest rounds for which a task run's cost is within max_share / 4
-            assert share(k) <= max_share / 4 and (k == 1 or share(k - 1) > max_share / 4), (k, wall, own)
-        else:  # no share small enough (max_share 0), or capped
-            assert k == fit, (k, fit, wall, own)
-        assert (f"one task run per {k} rounds" if k > 1 else "one task run per round") in line, line
-    else:
-        assert k == 1
-    later = [s for s in run.steps() if s[1] == 2]
-    assert later[0] == (("round", 2) if chosen == "round" else ("explore", 2))
-    assert run.task_run_done("explore", 2, 1.0) is None  # chosen once
-    assert start("auto-async", "mode=async").task_runs == "stage"  # async overlaps stages: always one per stage
-
-
-def test_rounds_per_task_run_set_is_what_auto_takes_when_it_groups(start):
-    run = start("auto-fixed", "task_runs_max_share=0", "rounds_per_task_run=3")
-    for name, round_no in run.steps():
-        run.step(name, round_no)
-        if name in run.round_stages and run.task_run_done(name, round_no, run.step_seconds + 1.0):
-            break
-    assert run.task_runs == "round" and run.rounds_per_task_run == 3
-
-
-def test_grouped_by_round_makes_each_rounds_stages_one_step_and_groups_rounds_up_to_an_evaluation():
-    stages = ("explore", "verify", "buffer", "train", "sync")
-    phases = [[[(s, r)]] for r in (2, 3, 4, 5) for s in stages] + [[[("evaluate", 5)]]]
-    phases += [[[(s, r)]] for r in (6, 7) for s in stages] + [[[("register", 7)]]]
-    assert [p[0] for p in grouped_by_round(phases, stages)] == [
-        *([("round", r)] for r in (2, 3, 4, 5)), [("evaluate", 5)], [("round", 6)], [("round", 7)], [("register", 7)]]
-    # three rounds a task run: 2-4, then 5 alone (an evaluation follows it), 6-7
-    assert [p[0] for p in grouped_by_round(phases, stages, per_task_run=3)] == [
-        [("round", 2), ("round", 3), ("round", 4)], [("round", 5)], [("evaluate", 5)],
-        [("round", 6), ("round", 7)], [("register", 7)]]
-    assert all(len(p) == 1 for p in grouped_by_round(phases, stages, per_task_run=3))  # one lane each
 
 
 def test_checkpoints_are_committed_kept_by_retention_and_logged_to_the_run(start):

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from rftflow.components.algorithms import PRESETS
-from rftflow.components.campaign.stages import ROUND, Campaign
+from rftflow.components.campaign.preflight import preflight
+from rftflow.components.campaign.schedule import ROUND, Planned, Step
+from rftflow.components.campaign.stages import Campaign
 from rftflow.components.config import load_config
 
 
@@ -23,12 +25,18 @@ def started(tmp_path, default_config, small):
     return start
 
 
-def test_the_round_is_one_list_of_stage_methods_that_the_flow_walks_too():
-    from rftflow.tasks.stages import TASKS
+def test_every_step_has_a_method_and_a_task_of_its_name_and_the_round_is_its_stages_in_order(tmp_path, default_config,
+                                                                                                small):
+    from rftflow.components.campaign.run import CampaignRun
+    from rftflow.flows.campaign import task_of
 
-    assert ROUND == ("explore", "verify", "buffer", "train", "sync")
-    assert all(callable(getattr(Campaign, stage)) for stage in ROUND)
-    assert set(ROUND) < set(TASKS) and all(TASKS[name].name == name for name in TASKS)  # one name per step
+    assert [s.value for s in ROUND] == ["explore", "verify", "buffer", "train", "sync"]
+    run = CampaignRun(preflight(default_config, tmp_path, [*small]))
+    for step in Step:  # the flow's task and the plain runner's method for each step carry the step's name
+        task, args = task_of(run, Planned(step, 1))
+        assert task.name == step.value and args == (run, 1)
+        assert getattr(CampaignRun, step.value).__name__ == step.value
+    assert {s for p in run.phases() for lane in p for s in (x.step for x in lane)} <= set(Step)
 
 
 def test_sync_gives_the_explorer_the_trainers_weights_and_nothing_before(started):
@@ -36,7 +44,7 @@ def test_sync_gives_the_explorer_the_trainers_weights_and_nothing_before(started
     explorer, policy = campaign.engine.model.state_dict(), campaign.trainer.unwrapped.state_dict()
     assert all(torch.equal(explorer[k], policy[k]) for k in policy)  # the warm start's weights, published
     for stage in ROUND[:-1]:
-        getattr(campaign, stage)(1)
+        campaign.stage(stage, 1)
     assert not all(torch.equal(explorer[k], policy[k]) for k in policy)  # trained, not yet synced
     assert campaign.sync(1)["sync/weight_version"] == 2
     assert all(torch.equal(explorer[k], policy[k]) for k in policy)
