@@ -139,8 +139,8 @@ def reference_run(run_dir: Path, env: dict) -> dict:
 def kill_trial(run_dir: Path, env: dict, n: int, extra: list[str]) -> dict:
     """Trial ``n``: kill ``rftflow run`` during its step, then run the same command once, to its end."""
     step = KILL_AT[n]
-    # into the step: its few ms of Prefect set-up and the first of its work (the short stages at once)
-    delay = 0.0 if step.split("[")[0] in ("verify", "buffer", "sync") else random.Random(n).uniform(0.0, 0.05)
+    # into the step: at once (a stage of this campaign takes milliseconds), or into the warm start's steps
+    delay = random.Random(n).uniform(0.0, 0.2) if step.startswith("warm_start") else 0.0
     lines = kill_during(run_dir, step, delay, *extra, env=env)
     finish(run_dir, *extra, env=env)
     return {"run_dir": run_dir, "lines": lines}
