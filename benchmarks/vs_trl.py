@@ -16,9 +16,9 @@ side runs in its own process with ``--threads`` torch threads; the figures:
   ``rounds_wall_seconds``: from the first round's explore to the last round's sync, Prefect task
   runs, MLflow and state writes included; what the flow does before and after them, start-up and
   the final evaluation, checkpoint and registration, is reported apart; ``flow`` runs the default,
-  ``task_runs: auto`` (a Prefect task run per stage for the first round, then per stage or per
+  ``orchestration.task_runs: auto`` (a Prefect task run per stage for the first round, then per stage or per
   k rounds by Prefect's share of that round), ``flow_stage`` a task run per stage throughout
-  (``task_runs: stage``), ``flow_round`` one per round (``task_runs: round``)); each side runs
+  (``orchestration.task_runs: stage``), ``flow_round`` one per round (``task_runs: round``)); each side runs
   ``--repeats`` times, sides interleaved, and the median is reported with the range (on a shared
   2-core machine one side's runs spread by up to a third);
 - peak RSS of the process (apart: of both processes, summed);
