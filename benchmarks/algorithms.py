@@ -53,7 +53,7 @@ def warm_start(seed: int, args: argparse.Namespace) -> dict:
         campaign.warm_start()
         return {"model": copy.deepcopy(campaign.trainer.unwrapped.state_dict()),
                 "optimizer": copy.deepcopy(campaign.trainer.optimizer.state_dict()),
-                "accuracy": campaign.evaluate()["eval/accuracy"]}
+                "accuracy": campaign.evaluate()["accuracy/held_out"]}
 
 
 def run(algorithm: str, seed: int, warm: dict, args: argparse.Namespace) -> dict[str, float]:
@@ -71,7 +71,7 @@ def run(algorithm: str, seed: int, warm: dict, args: argparse.Namespace) -> dict
         campaign.weights.publish(campaign.policy_version)
         for r in range(1, cfg.rounds + 1):
             campaign.run_round(r)
-        after = campaign.evaluate()["eval/accuracy"]
+        after = campaign.evaluate()["accuracy/held_out"]
     return {"before": warm["accuracy"], "after": after, "seconds": time.perf_counter() - start}
 
 

@@ -51,7 +51,7 @@ def main() -> None:
             start = time.perf_counter()
             metrics = campaign.run_round(r)
             rounds.append(time.perf_counter() - start)
-    rows = int(metrics["contract/accepted"] + metrics["contract/quarantined"])
+    rows = int(metrics["contract/accepted"] + metrics["verify/quarantined"])
     contract, total = sum(spent), sum(rounds)
     shares = sorted(c / r for c, r in zip(spent, rounds))
     print(f"{args.rounds} rounds of the default campaign, {rows} rows checked per round")

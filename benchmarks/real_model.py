@@ -51,13 +51,13 @@ def main() -> None:
         client = MlflowClient(summary["mlflow_tracking_uri"])
         history = {key: [m.value for m in sorted(client.get_metric_history(summary["mlflow_run_id"], key),
                                                   key=lambda m: m.step)]
-                   for key in ("eval/finished", "eval/accuracy_of_finished")}
+                   for key in ("accuracy/finished", "accuracy/of_finished")}
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     print(f"SmolLM2-135M-Instruct, GRPO, {summary['rounds']} rounds, seed {args.seed} ({args.size} size; {device})")
     print(f"held-out accuracy  before {before:.3f}  after {after:.3f}  ({after - before:+.3f})")
-    for key, label in (("eval/finished", "answers ended within the budget"),
-                       ("eval/accuracy_of_finished", "accuracy of those answers")):
+    for key, label in (("accuracy/finished", "answers ended within the budget"),
+                       ("accuracy/of_finished", "accuracy of those answers")):
         values = history[key]
         print(f"{label:<33} before {values[0]:.3f}  after {values[-1]:.3f}")
     print(f"wall {wall:.0f} s ({summary['rounds_wall_seconds']} s in rounds)")

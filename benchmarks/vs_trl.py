@@ -98,7 +98,7 @@ def accuracy(model, tokenizer, cfg, tasks, reward_fn) -> float:
     from rftflow.components.explore.engines import HFRolloutEngine
     from rftflow.components.verify import scoring
 
-    return scoring.evaluate(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)["eval/accuracy"]
+    return scoring.evaluate(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)["accuracy/held_out"]
 
 
 def trl_trainer(cfg, args):
@@ -201,9 +201,9 @@ def side_loop(cfg, args) -> dict:
         campaign.warm_start()  # no steps: publishes the start weights
         start, lengths = time.perf_counter(), []
         for r in range(1, args.steps + 1):
-            lengths.append(campaign.run_round(r)["explore/response_len"])
+            lengths.append(campaign.run_round(r)["rollout/response_len"])
         seconds = time.perf_counter() - start
-        return {"seconds": seconds, "accuracy": campaign.evaluate()["eval/accuracy"], "response_tokens": mean(lengths)}
+        return {"seconds": seconds, "accuracy": campaign.evaluate()["accuracy/held_out"], "response_tokens": mean(lengths)}
 
 
 def side_apart(cfg, args) -> dict:
@@ -261,11 +261,11 @@ def apart_role(cfg, args) -> dict:
             for r in range(1, args.steps + 1):
                 campaign.train(r)  # waits for the explorer's round r
                 campaign.sync(r)
-            return {"ready": ready, "end": time.time(), "accuracy": campaign.evaluate()["eval/accuracy"]}
+            return {"ready": ready, "end": time.time(), "accuracy": campaign.evaluate()["accuracy/held_out"]}
         campaign.await_taskset()
         ready, lengths = time.time(), []
         for r in range(1, args.steps + 1):
-            lengths.append(campaign.explore(r)["explore/response_len"])  # waits for the weights it may use
+            lengths.append(campaign.explore(r)["rollout/response_len"])  # waits for the weights it may use
             campaign.verify(r)
             campaign.buffer(r)
         return {"ready": ready, "response_tokens": mean(lengths)}
@@ -288,7 +288,7 @@ def side_flow(cfg, args, *more: str) -> dict:
         from rftflow.flows.orchestration import task_run_span
 
         lengths = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history(summary["mlflow_run_id"],
-                                                                                  "explore/response_len")
+                                                                                  "rollout/response_len")
         return {"seconds": summary["rounds_wall_seconds"], "accuracy": summary["eval_accuracy_after"],
                 "outside_rounds_s": wall - summary["rounds_wall_seconds"], "peak_rss_mb": rss,
                 "response_tokens": mean(m.value for m in lengths) if lengths else float("nan"),
@@ -308,7 +308,7 @@ def make_warm_start(model_dir: str, args) -> float:
         campaign.warm_start()
         campaign.trainer.unwrapped.save_pretrained(model_dir)
         campaign.tokenizer.save_pretrained(model_dir)
-        return campaign.evaluate()["eval/accuracy"]
+        return campaign.evaluate()["accuracy/held_out"]
 
 
 def child(args) -> None:

@@ -73,6 +73,18 @@ def _unique_beside(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
 
 
+# A step's results that its config fixes (rows a round samples, optimizer steps, weight versions,
+# accepted rows without a failure): in the step's log line, not charted as flat lines in MLflow,
+# where the config's params already hold them.
+NOT_CHARTED = frozenset({"explore/rows", "buffer/usual_rows", "sample/usual_rows", "sample/expert_rows", "train/steps",
+                         "sync/weight_version", "warmup/steps", "contract/accepted"})
+
+
+def charted(metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` less those ``NOT_CHARTED``."""
+    return {k: v for k, v in metrics.items() if k not in NOT_CHARTED}
+
+
 def is_tracking_server(uri: str) -> bool:
     """An MLflow tracking server (``http(s)://``), as opposed to a database the client writes itself."""
     return uri.startswith(("http://", "https://"))

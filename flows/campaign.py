@@ -32,7 +32,7 @@ from rftflow.components.buffer.store import StoreUnavailable
 from rftflow.components.campaign.stages import StopFlag, StopRequested
 from rftflow.components.config import ConfigError
 from rftflow.components.data.contracts import ContractError
-from rftflow.components.campaign.preflight import Preflight, preflight
+from rftflow.components.campaign.preflight import Preflight, campaign_label, preflight
 from rftflow.components.campaign.run import CampaignRun, NoUsableCheckpoint, move_aside
 from rftflow.components.campaign.schedule import Planned, Step
 from rftflow.flows.monitor import UIMonitor
@@ -89,8 +89,9 @@ def _flow_run_url() -> str | None:
 
 
 def _flow_run_name() -> str:
-    """The campaign's name (a ``name=`` override, else the mapping's name or the YAML file's stem)
-    and the day: ``arith-mix-2026-11-23``."""
+    """The campaign's name (a ``name=`` override, else the mapping's name or the YAML file's stem),
+    the day and a short hash of its run dir: ``arith-mix-2026-11-23-3f2a1c`` (two campaigns of one
+    name in two run dirs differ; ``UIMonitor`` adds the attempt once it is known)."""
     params = runtime.flow_run.parameters
     name = None
     for assignment in params.get("overrides") or []:
@@ -98,7 +99,9 @@ def _flow_run_name() -> str:
         name = _filled(value.strip()) if key.strip() == "name" else name
     config = params["config"]
     name = name or (str(config.get("name", "campaign")) if isinstance(config, dict) else Path(config).stem)
-    return name if name.endswith(_date()) else f"{name}-{_date()}"
+    run_dir = _filled(params.get("run_dir")) or str(Path("runs") / name)
+    dated = name if name.endswith(_date()) else f"{name}-{_date()}"
+    return f"{dated}-{campaign_label(name, run_dir).rsplit('-', 1)[1]}"
 
 
 def summary_line(checked: Preflight) -> str:
@@ -315,7 +318,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
         except (ConfigError, NoUsableCheckpoint) as e:
             return Failed(message=str(e), data=e)
         _mark_crashed(run)
-        monitor = UIMonitor(run)
+        monitor = UIMonitor(run, flow_run_id)
         try:
             summary = _walk(run, TaskRunPlan(settings, run.cfg.mode, run.stages), monitor, show_progress)
         except StopRequested as e:

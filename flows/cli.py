@@ -40,6 +40,19 @@ def _stopped(message: str) -> None:
     raise typer.Exit(EXIT_STOPPED)
 
 
+def _report_to_up() -> None:
+    """With no ``PREFECT_API_URL`` set and a Prefect server of ``rftflow up`` running on this
+    ``PREFECT_HOME``, a campaign reports to it (live in its UI) instead of starting its own."""
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    from rftflow.flows.servers import up_prefect_api
+
+    api = up_prefect_api()
+    if api:
+        os.environ["PREFECT_API_URL"] = api  # read when Prefect's settings are first loaded, below
+        err.print(f"reporting to the Prefect server of `rftflow up`: {api.removesuffix('/api')}", highlight=False)
+
+
 def _exit_on(state) -> None:
     """A flow run's end as the command's: returns when it completed; else its one line and exit
     code (``EXIT_STOPPED`` for a stop, ``EXIT_REFUSED`` for a refusal before any work, such as
@@ -102,6 +115,7 @@ def run(
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     overrides = [*overrides, f"mode={mode}"] if mode else overrides
     name = "the campaign"
+    _report_to_up()
     try:
         from rftflow.flows.prefect_api import booting_prefect_api
 
@@ -241,8 +255,10 @@ def up(run_dir: RunDirArg = Path("runs/arith-mix"),
     from prefect.settings import PREFECT_HOME
 
     Console().print(f"Prefect UI  {urls['prefect']}  (every run in {PREFECT_HOME.value()})\n"
-                    f"MLflow UI   {urls['mlflow']}  (sqlite:///{run_dir.resolve() / 'mlflow.db'})\n"
-                    f"campaigns report to this Prefect server live with: export PREFECT_API_URL={urls['prefect']}/api\n"
+                    f"MLflow UI   {urls['mlflow']}/#/experiments?workflowType=machine_learning  "
+                    f"(sqlite:///{run_dir.resolve() / 'mlflow.db'})\n"
+                    f"`rftflow run` on this PREFECT_HOME reports to this Prefect server while it runs (no export "
+                    f"needed; other clients: export PREFECT_API_URL={urls['prefect']}/api)\n"
                     f"stop both: rftflow down {run_dir}", highlight=False, soft_wrap=True)
 
 
@@ -380,6 +396,23 @@ def buffer_gc(store: StoreArg, campaign: CampaignOpt = None,
     Console().print(table)
     Console().print(f"deleted {deleted} objects" if apply else
                     f"{gc_plan.total} objects would be deleted; --apply deletes them", highlight=False)
+
+
+@app.command()
+def alerts(webhook: Annotated[str, typer.Argument(help="The URL the alerts are POSTed to (Slack, a pager, your "
+                                                       "service).")],
+           stall_minutes: Annotated[float, typer.Option(min=1, help="A running campaign that finishes no round for "
+                                                                    "this long is reported as stalled.")] = 30.0) -> None:
+    """Create the Prefect automations that call WEBHOOK when a campaign fails, crashes or stalls
+    (on the server PREFECT_API_URL names, or the one `rftflow up` runs)."""
+    _report_to_up()
+    if not os.environ.get("PREFECT_API_URL"):
+        _fail("alerts need a Prefect server that runs its automations: start one with `rftflow up RUN_DIR`, "
+              "or set PREFECT_API_URL")
+    from rftflow.flows.alerts import create_alerts
+
+    for name, automation_id in create_alerts(webhook, stall_minutes).items():
+        Console().print(f"{name}: automation {automation_id} (its webhook: the block rftflow-alerts)", highlight=False)
 
 
 config_app = typer.Typer(no_args_is_help=True, help="The campaign config: its JSON schema and reference.")

@@ -1,41 +1,54 @@
-"""What a campaign shows in the Prefect UI while it runs (the flow run's Artifacts tab):
+"""What a campaign shows in the Prefect UI while it runs, so that its flow run page answers "where
+is it, is it learning, which run is it" without opening anything:
 
-- ``<campaign>-progress``: a progress artifact, rounds done out of ``rounds``;
-- ``<campaign>-rounds``: a table artifact of per-round metrics (reward, loss, held-out accuracy,
-  quarantined rows, seconds per stage), a new version with every progress update;
-- ``<campaign>-summary``: a markdown summary at the end — or the one line on why it stopped —
-  linking the MLflow run and the registered model version.
+- the flow run's **name**: the campaign, the day, its run dir's hash and the attempt
+  (``arith-mix-2026-11-26-3f2a1c-a2``), so two campaigns and two attempts never share one;
+- its **tags**, shown beside the name in the header, kept current: ``round 8/25``, ``reward 0.531``,
+  ``accuracy 0.950`` (held-out), ``campaign <label>``, ``mlflow <run id>``, and at the end
+  ``model <name> v<k>``. Tags are what the flow run page's header shows; a state message or a
+  label is shown only on other tabs;
+- its **artifacts**, one card per kind, each made once and then updated: ``…-progress`` (rounds
+  done), ``…-rounds`` (a table of every round's reward, loss, held-out accuracy, quarantined rows
+  and seconds per stage, from round 0, "before"), ``…-mlflow`` (a link to the MLflow run, when an
+  MLflow server serves it) and ``…-summary`` (markdown at the end, or the one line on why it
+  stopped). Keys are ``<label>-a<attempt>-<kind>``.
 
 The table is read from the MLflow run's metrics (``Tracker.history``), so a resumed campaign shows
-the rounds its earlier attempts did too. Both are updated after a round at most every
-``UPDATE_SECONDS`` (and always after an evaluation and the last round): the table holds every
-round, so rounds of a fraction of a second would otherwise store a growing table many times a
-second. They are written by a background thread, so the next round does not wait on the Prefect
-API for them (two calls); the summary waits for them first.
+the rounds its earlier attempts did too. Tags, progress and table are updated after a round at
+most every ``UPDATE_SECONDS`` (and always after an evaluation and the last round), by a background
+thread in the flow run's context, so the next round does not wait on the Prefect API; the summary
+waits for them first. Everything here is best effort: a view that cannot be written is a warning,
+never a failed campaign.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import json
 import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from uuid import UUID
 
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
-from prefect.artifacts import update_progress_artifact
+from prefect import get_client
+from prefect.events import emit_event
+from prefect.artifacts import (create_link_artifact, create_markdown_artifact, create_progress_artifact,
+                               create_table_artifact, update_progress_artifact)
+from prefect.client.schemas.actions import ArtifactUpdate
 
-from rftflow.components.campaign.schedule import ROUND, eval_due
 from rftflow.components.campaign.run import CampaignRun
+from rftflow.components.campaign.schedule import ROUND, eval_due
 from rftflow.components.tracking import is_tracking_server
+from rftflow.flows.alerts import ENDED_EVENT, ROUND_EVENT, campaign_resource
 
 UPDATE_SECONDS = 5.0
 # column → MLflow metric of the round (blank where a round has none: accuracy between evaluations)
-COLUMNS = {"reward": "reward/mean", "loss": "loss/total", "accuracy": "eval/accuracy",
-           "accepted": "contract/accepted", "quarantined": "contract/quarantined",
-           **{f"{stage.value} s": f"time/{stage.value}_s" for stage in ROUND}}
+COLUMNS = {"reward": "reward/mean", "loss": "loss/total", "accuracy": "accuracy/held_out",
+           "quarantined": "verify/quarantined", **{f"{stage.value} s": f"time/{stage.value}_s" for stage in ROUND}}
+TAG_PREFIXES = ("round ", "reward ", "accuracy ", "campaign ", "mlflow ", "model ")  # the tags this module owns
 
 
 def _best_effort(method):
@@ -45,50 +58,90 @@ def _best_effort(method):
         try:
             return method(self, *args, **kwargs)
         except Exception as e:  # noqa: BLE001
-            logging.getLogger("rftflow").warning("Prefect UI artifact %s not written: %s", method.__name__, e)
+            logging.getLogger("rftflow").warning("Prefect UI %s not written: %s", method.__name__.strip("_"), e)
     return wrapper
 
 
-def artifact_key(campaign: str, what: str) -> str:
+def artifact_key(*parts: str) -> str:
     """Prefect artifact keys take lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9-]+", "-", f"{campaign.lower()}-{what}")
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower())
 
 
-def mlflow_links(tracking_uri: str, experiment_id: str, run_id: str, model: str | None,
+def mlflow_links(ui: str | None, tracking_uri: str, experiment_id: str, run_id: str, model: str | None,
                  version: str | None) -> tuple[str, str | None]:
-    """Markdown for the MLflow run and model version: links on an MLflow server (``http(s)://``),
-    else the ids and how to open the store in a browser (``rftflow up``)."""
-    if is_tracking_server(tracking_uri):
-        base = tracking_uri.rstrip("/")
-        # workflowType: MLflow 3's UI opens in its GenAI view otherwise
-        run = f"[run {run_id}]({base}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning)"
-        return run, f"[{model} v{version}]({base}/#/models/{model}/versions/{version})" if version else None
+    """Markdown for the MLflow run and model version: links where an MLflow server shows them
+    (``ui``), else the ids and how to open the store in a browser (``rftflow up``)."""
+    if ui:
+        run = f"[run {run_id}]({mlflow_run_url(ui, experiment_id, run_id)})"
+        return run, f"[{model} v{version}]({ui}/#/models/{model}/versions/{version})" if version else None
     hint = f" in `{tracking_uri}` (`rftflow up` serves it)"
     return f"run `{run_id}`{hint}", f"`models:/{model}/{version}`" if version else None
 
 
-class UIMonitor:
-    """The progress, table and summary artifacts of one flow run of ``run``."""
+def mlflow_run_url(ui: str, experiment_id: str, run_id: str) -> str:
+    """The MLflow run's page in MLflow's model-training view (``workflowType``: MLflow 3's UI opens
+    in its GenAI view otherwise)."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
-    def __init__(self, run: CampaignRun):
-        self.run = run
-        self.name = run.cfg.name
-        self._progress_id = None
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="rftflow-ui")  # round artifacts, in order
+
+def mlflow_ui(run: CampaignRun) -> str | None:
+    """Where a browser shows this campaign's MLflow run: its tracking server, else the MLflow server
+    ``rftflow up`` started over its run dir (while it runs); None if neither."""
+    from rftflow.flows.servers import served
+
+    uri = run.tracker.uri
+    return uri.rstrip("/") if is_tracking_server(uri) else served(run.run_dir).get("mlflow")
+
+
+class UIMonitor:
+    """The name, tags and artifacts of one flow run of ``run``."""
+
+    def __init__(self, run: CampaignRun, flow_run_id: str | None):
+        self.run, self.flow_run_id = run, flow_run_id
+        self.label, self.attempt = run.checked.label, len(run.state.attempts)
+        self.key = lambda kind: artifact_key(self.label, f"a{self.attempt}", kind)  # noqa: E731
+        self.ui = mlflow_ui(run)
+        self._progress_id = self._table_id = None
+        self._own_tags: list[str] = []  # the flow run's other tags (a deployment's), kept as they are
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="rftflow-ui")  # round updates, in order
         self._updated_at = -float("inf")  # when round_done last wrote them
+        self._named()
 
     def _percent(self, rounds_done: int) -> float:
         return round(100.0 * rounds_done / self.run.cfg.rounds, 1)
 
     @_best_effort
+    def _named(self) -> None:
+        """The flow run's name with this attempt, and its first tags."""
+        if not self.flow_run_id:
+            return
+        with get_client(sync_client=True) as client:
+            flow_run = client.read_flow_run(UUID(self.flow_run_id))
+            self._own_tags = [t for t in flow_run.tags if not t.startswith(TAG_PREFIXES)]
+            client.update_flow_run(flow_run.id, name=f"{flow_run.name}-a{self.attempt}")
+        self._tag()
+
+    def _tag(self, *progress: str) -> None:
+        run = self.run
+        tags = [*self._own_tags, f"campaign {self.label}", f"mlflow {run.tracker.run_id}", *progress]
+        if run.state.model_version:
+            tags.append(f"model {run.cfg.tracking.registered_model} v{run.state.model_version}")
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(UUID(self.flow_run_id), tags=tags)
+
+    @_best_effort
     def start(self, rounds_done: int) -> None:
         """Before the first round of this attempt (``rounds_done`` by earlier attempts)."""
         self._progress_id = create_progress_artifact(
-            self._percent(rounds_done), key=artifact_key(self.name, "progress"),
-            description=f"campaign {self.name}: rounds done of {self.run.cfg.rounds}")
+            self._percent(rounds_done), key=self.key("progress"),
+            description=f"campaign {self.label}: rounds done of {self.run.cfg.rounds}")
+        if self.ui:
+            create_link_artifact(mlflow_run_url(self.ui, self.run.tracker.experiment_id, self.run.tracker.run_id),
+                                 link_text=f"MLflow run {self.run.tracker.run_id} ({self.label})",
+                                 key=self.key("mlflow"), description=f"campaign {self.label}: its MLflow run")
 
     def round_done(self, round_no: int) -> None:
-        """The progress and the table as of ``round_no``, when due (see the module docstring),
+        """Tags, progress and the table as of ``round_no``, when due (see the module docstring),
         written in the background (in the flow run's context, so they belong to it)."""
         now = time.monotonic()
         due = round_no == self.run.cfg.rounds or eval_due(self.run.cfg, round_no)
@@ -98,29 +151,58 @@ class UIMonitor:
         rows, context = self.rows(), contextvars.copy_context()
         self._writer.submit(context.run, self._write_round, round_no, rows)
 
+    def _progress(self, rounds_done: int) -> list[str]:
+        """The tags of where the campaign is: round, the latest reward, the newest held-out accuracy."""
+        run, tags = self.run, [f"round {rounds_done}/{self.run.cfg.rounds}"]
+        if run.last_reward is not None:
+            tags.append(f"reward {run.last_reward:.3f}")
+        if run.accuracy_last is not None:
+            tags.append(f"accuracy {run.accuracy_last:.3f}")
+        return tags
+
+    def _event(self, event: str, **payload: Any) -> None:
+        """A campaign event (``flows.alerts``: a round, the end), tied to this flow run."""
+        related = [{"prefect.resource.id": f"prefect.flow-run.{self.flow_run_id}", "prefect.resource.role": "flow-run"}]
+        emit_event(event, resource=campaign_resource(self.label), related=related if self.flow_run_id else None,
+                   payload={"campaign": self.run.cfg.name, "attempt": self.attempt, **payload})
+
     @_best_effort
     def _write_round(self, round_no: int, rows: list[dict[str, Any]]) -> None:
+        self._event(ROUND_EVENT, round=round_no, rounds=self.run.cfg.rounds)
+        if self.flow_run_id:
+            self._tag(*self._progress(round_no))
         if self._progress_id is not None:
             update_progress_artifact(self._progress_id, self._percent(round_no))
-        create_table_artifact(rows, key=artifact_key(self.name, "rounds"),
-                              description=f"campaign {self.name}: metrics of each round (MLflow run "
-                                          f"{self.run.tracker.run_id})")
+        self._table(rows)
+
+    def _table(self, rows: list[dict[str, Any]]) -> None:
+        """The rounds' table: made once, then its data replaced (one card, not one per update)."""
+        if self._table_id is None:
+            self._table_id = create_table_artifact(
+                rows, key=self.key("rounds"),
+                description=f"campaign {self.label}: metrics of each round (MLflow run {self.run.tracker.run_id})")
+            return
+        with get_client(sync_client=True) as client:
+            client.update_artifact(self._table_id, ArtifactUpdate(data=json.dumps(rows)))  # as create_table_artifact stores it
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per round done: ``COLUMNS`` from the MLflow run's metrics of that step."""
+        """One row per round done, and round 0 (before the rounds: its held-out accuracy):
+        ``COLUMNS`` from the MLflow run's metrics of that step."""
         history = self.run.tracker.history
-        return [{"round": r, **{col: _cell(history[r].get(key)) for col, key in COLUMNS.items()}}
-                for r in sorted(history) if r >= 1 and any(f"time/{s.value}_s" in history[r] for s in ROUND)]
+        done = [r for r in sorted(history) if r >= 1 and any(f"time/{s.value}_s" in history[r] for s in ROUND)]
+        return [{"round": r, **{col: _cell(history.get(r, {}).get(key)) for col, key in COLUMNS.items()}}
+                for r in ([0] if 0 in history else []) + done]
 
     @_best_effort
     def summary(self, summary: dict[str, Any] | None = None, stopped: str | None = None) -> None:
         """The end: the summary's key figures, or ``stopped`` (why it ended early), with links."""
-        self._writer.shutdown()  # waits for the rounds' artifacts: the last table comes before the summary
+        self._writer.shutdown()  # waits for the rounds' updates: the last table comes before the summary
         run = self.run
+        self._event(ENDED_EVENT, outcome="stopped" if stopped else "finished")
         version = run.state.model_version if summary else None
-        run_link, model_link = mlflow_links(run.tracker.uri, run.tracker.experiment_id, run.tracker.run_id,
+        run_link, model_link = mlflow_links(self.ui, run.tracker.uri, run.tracker.experiment_id, run.tracker.run_id,
                                             run.cfg.tracking.registered_model, version)
-        lines = [f"# Campaign `{self.name}`", ""]
+        lines = [f"# Campaign `{run.cfg.name}` ({self.label}, attempt {self.attempt})", ""]
         if stopped:
             lines += [f"**Stopped:** {stopped}", ""]
         lines += ["| | |", "| --- | --- |", f"| MLflow | {run_link} |"]
@@ -138,8 +220,10 @@ class UIMonitor:
                       f"| attempts | {summary['attempts']} (resumed from round {summary['resumed_from_round']})"
                       if summary["resumed_from_round"] is not None else f"| attempts | {summary['attempts']} |",
                       f"| store | `{summary['store_url']}` |", f"| validation report | `{summary['validation_report']}` |"]
-        create_markdown_artifact("\n".join(lines) + "\n", key=artifact_key(self.name, "summary"),
-                                 description=f"campaign {self.name}: " + ("stopped" if stopped else "summary"))
+        create_markdown_artifact("\n".join(lines) + "\n", key=self.key("summary"),
+                                 description=f"campaign {self.label}: " + ("stopped" if stopped else "summary"))
+        if self.flow_run_id:  # the final tags: where it ended, and the registered model
+            self._tag(*self._progress(rounds_done))
 
 
 def _cell(value: float | None) -> float | str:

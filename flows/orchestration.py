@@ -137,8 +137,8 @@ class TaskRunPlan:
             then += " from here on (orchestration.task_runs: stage keeps one per stage)"
         line = (f"task_runs auto: Prefect's task runs took {share:.0%} of round {planned.round} "
                 f"({(wall - own) * 1e3:.0f} ms of {wall * 1e3:.0f} ms; task_runs_max_share {max_share:.0%}): {then}")
-        return line, {"orchestration/task_run_share": share,
-                      "orchestration/rounds_per_task_run": self.rounds_per_task_run}
+        return line, {"time/prefect_share": share,
+                      "time/rounds_per_task_run": self.rounds_per_task_run}
 
     def cut(self, phases: list[Phase]) -> list[list[list[Planned | Rounds]]]:
         """``phases`` as task runs will run them: per round, up to ``rounds_per_task_run``

@@ -3,6 +3,7 @@ alias moves only on a clear, significant win (see ``components.promotion``)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from prefect import flow, task
@@ -15,7 +16,14 @@ from rftflow.components.campaign.preflight import preflight
 from rftflow.components.campaign.promotion import decision_dict, promote
 
 
-@task(name="promote", cache_policy=NO_CACHE)
+def _promote_name() -> str:
+    from prefect import runtime
+
+    parameters = runtime.task_run.parameters
+    return f"promote[{parameters['checked'].cfg.tracking.registered_model} v{parameters.get('version') or 'newest'}]"
+
+
+@task(name="promote", task_run_name=_promote_name, cache_policy=NO_CACHE)
 def promote_task(checked, version: str | None) -> dict[str, Any] | State:
     """Evaluate both versions, decide, tag, move the alias."""
     try:
@@ -29,7 +37,7 @@ def _flow_run_name() -> str:
     from prefect import runtime
 
     params = runtime.flow_run.parameters
-    return f"promote-{params.get('version') or 'newest'}"
+    return f"promote-{params.get('version') or 'newest'}-{datetime.now(timezone.utc):%Y-%m-%d}"
 
 
 @flow(name="promote_model", flow_run_name=_flow_run_name)

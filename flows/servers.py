@@ -97,6 +97,9 @@ def up(run_dir: Path, prefect_port: int = 4200, mlflow_port: int = 5000, timeout
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         started[server.name] = {"pid": proc.pid, "url": server.url, "health": server.health, "log": str(log)}
         _write(folder, {**running, **started})
+        if server.name == "prefect":  # campaigns of any run dir on this PREFECT_HOME report to it
+            prefect_home().mkdir(parents=True, exist_ok=True)
+            _write(prefect_home(), {"prefect": started["prefect"]})
     deadline = time.time() + timeout
     for name, rec in started.items():
         while not answers(rec["health"]):
@@ -122,7 +125,31 @@ def down(run_dir: Path, timeout: float = 30) -> list[str]:
                 os.killpg(rec["pid"], signal.SIGKILL)
             stopped.append(name)
     (folder / "servers.json").unlink(missing_ok=True)
+    if "prefect" in stopped:
+        (prefect_home() / "servers.json").unlink(missing_ok=True)
     return stopped
+
+
+def served(run_dir: Path) -> dict[str, str]:
+    """The servers that show ``run_dir``'s campaign now: {"mlflow": URL} for the MLflow server
+    ``rftflow up`` started over it, {"prefect": URL} for a Prefect server ``rftflow up`` started on
+    this ``PREFECT_HOME`` (any run dir's: one Prefect database serves them all); each while it runs."""
+    records = {name: rec for name, rec in _read(Path(run_dir) / "servers").items() if name == "mlflow"}
+    records.update(_read(prefect_home()))
+    return {name: rec["url"] for name, rec in records.items() if _alive(rec["pid"])}
+
+
+def up_prefect_api() -> str | None:
+    """The API URL of the Prefect server ``rftflow up`` runs on this ``PREFECT_HOME``, if it runs."""
+    record = _read(prefect_home()).get("prefect")
+    return f"{record['url']}/api" if record and _alive(record["pid"]) and answers(record["health"]) else None
+
+
+def prefect_home() -> Path:
+    """Where ``up`` records its Prefect server for every campaign of this ``PREFECT_HOME`` (read
+    from the environment, as Prefect does, without importing Prefect: its settings are fixed when
+    it is imported, and ``rftflow run`` may still set ``PREFECT_API_URL`` before that)."""
+    return Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser() / "rftflow-up"
 
 
 def _alive(pid: int) -> bool:

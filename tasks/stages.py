@@ -171,7 +171,7 @@ def rounds(run: CampaignRun, round_no: int, last: int | None = None) -> dict | S
     return result
 
 
-@task(name="bench", cache_policy=NO_CACHE)
+@task(name="bench", task_run_name="bench[{checked.cfg.name}]", cache_policy=NO_CACHE)
 def bench(checked) -> dict | State:
     """``mode: bench``: every model of ``bench.models`` on every eval taskset, one MLflow run. A
     model that cannot be found fails it in one line."""

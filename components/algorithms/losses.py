@@ -63,9 +63,9 @@ def ppo_clip_loss(
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
     loss = aggregate(per_token, mask, agg)
     metrics = {
-        "policy/clip_frac": _masked_mean((clipped > unclipped).to(mask.dtype), mask),
-        "policy/ratio_mean": _masked_mean(ratio.detach(), mask),
-        "policy/approx_kl": _masked_mean((-log_ratio).detach(), mask),
+        "update/clip_frac": _masked_mean((clipped > unclipped).to(mask.dtype), mask),
+        "update/ratio_mean": _masked_mean(ratio.detach(), mask),
+        "update/approx_kl": _masked_mean((-log_ratio).detach(), mask),
     }
     return loss, metrics
 
@@ -102,8 +102,8 @@ def dpo_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Ten
     losses = -(1.0 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)  # (B/2,)
     loss = losses.mean() if losses.numel() else logprobs.sum() * 0.0
     metrics = {
-        "dpo/reward_accuracy": float((z > 0).float().mean()) if z.numel() else 0.0,
-        "dpo/margin": float(z.detach().mean() / beta) if z.numel() else 0.0,
+        "update/dpo_reward_accuracy": float((z > 0).float().mean()) if z.numel() else 0.0,
+        "update/dpo_margin": float(z.detach().mean() / beta) if z.numel() else 0.0,
     }
     return loss, metrics
 
@@ -202,7 +202,7 @@ def regularized(
             loss = loss + kl_coef * kl
     if entropy is not None:
         h = aggregate(entropy, mask, agg)
-        metrics["policy/entropy"] = float(h.detach())
+        metrics["update/entropy"] = float(h.detach())
         if entropy_coef:
             loss = loss - entropy_coef * h
     return loss, metrics

@@ -206,8 +206,9 @@ class Sampler:
     """
 
     def __init__(self, store: ExperienceStore, buffer, algorithm, *, micro_batch_size: int, epochs: int,
-                 round_rows: int, groups_per_round: int, seed: int):
+                 round_rows: int, groups_per_round: int, seed: int, stale_possible: bool = True):
         self.store, self.buffer, self.algorithm = store, buffer, algorithm
+        self.stale_possible = stale_possible  # else rows are always fresh: their staleness, 0, is not reported
         self.micro_batch_size, self.epochs = micro_batch_size, epochs
         self.round_rows, self.groups_per_round = round_rows, groups_per_round
         self.pick_rng, self.order_rng = random.Random(seed), random.Random(seed)
@@ -228,7 +229,7 @@ class Sampler:
                     usual, stale = drop_stale(usual, current_version, algo.max_staleness)
                     metrics["sample/dropped_stale"] = float(stale)
             metrics["sample/usual_rows"] = float(usual.num_rows)
-            if usual.num_rows:  # staleness: the trainer's version − the version that sampled the row
+            if usual.num_rows and self.stale_possible:  # staleness: the trainer's version − the version that sampled the row
                 staleness = pc.subtract(pa.scalar(current_version, pa.int64()), usual.column("model_version").cast(pa.int64()))
                 metrics["sample/staleness_max"] = float(pc.max(staleness).as_py())
                 metrics["sample/staleness_mean"] = float(pc.mean(staleness).as_py())
@@ -247,7 +248,9 @@ class Sampler:
             parts.append(sample_rows(expert_pool(self.store, buf.human_min_reward), n_expert, self.pick_rng))
         table = pa.concat_tables(parts)
         sources = Counter(table.column("source").to_pylist())
-        metrics |= {"sample/expert_rows": sources["expert"], "sample/human_rows": sources["human"]}
+        metrics["sample/expert_rows"] = sources["expert"]
+        if algo.uses_expert and buf.human_min_reward is not None and self.store.read_human().num_rows:
+            metrics["sample/human_rows"] = sources["human"]  # how much of the rated feedback a round draws
         rows = table.to_pylist()
         return TrainBatch(rows, self._steps(rows), commit, metrics)
 

@@ -101,7 +101,7 @@ def bench(checked: Preflight) -> dict[str, Any]:
     for index, ref in enumerate(cfg.bench.models):
         engine = eval_engine(ref, store, checked.tracking_uri, cfg)
         for source, tasks in tasksets.items():
-            accuracy = scoring.evaluate(engine, tasks, rewards[source], cfg.eval.max_new_tokens)["eval/accuracy"]
+            accuracy = scoring.evaluate(engine, tasks, rewards[source], cfg.eval.max_new_tokens)["accuracy/held_out"]
             rows.append({"model": ref, "taskset": source, "tasks": len(tasks), "accuracy": accuracy})
             tracker.log_metrics({f"bench/accuracy/{_metric_name(source)}": accuracy}, step=index)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ A finished campaign passes: ``Preflight.previous`` tells callers, who then have 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,16 @@ class Preflight:
     @property
     def store_url(self) -> str:
         return run_store_url(self.cfg.storage, self.run_dir)
+
+    @property
+    def label(self) -> str:
+        return campaign_label(self.cfg.name, self.run_dir)
+
+
+def campaign_label(name: str, run_dir: str | Path) -> str:
+    """The campaign's name and a short hash of its run dir (``arith-mix-3f2a1c``): what tells two
+    campaigns of one name in two run dirs apart in Prefect and MLflow."""
+    return f"{name}-{hashlib.sha256(str(Path(run_dir).expanduser().resolve()).encode()).hexdigest()[:6]}"
 
 
 def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = None,

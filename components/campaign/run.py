@@ -37,7 +37,7 @@ from rftflow.components.campaign.stages import Campaign, StopFlag
 from rftflow.components.data.report import validation_report
 from rftflow.components.campaign.preflight import Preflight
 from rftflow.components.train.checkpoints import OPTIMIZER_FILES
-from rftflow.components.tracking import Tracker
+from rftflow.components.tracking import Tracker, charted
 
 log = logging.getLogger("rftflow")
 COMMIT_SECONDS = 5.0  # a round's metrics and state are written at most this often (see ``_tracked``)
@@ -71,13 +71,13 @@ class CampaignRun:
         self.state, self.killed = claim(self.states, cfg.name, cfg.model_dump(mode="json"), flow_run_id)
         try:
             self.campaign = Campaign(checked, store=store, stop=stop)  # loads the models
-            run_name = cfg.name if self.campaign.has_trainer else f"{cfg.name}-explorer"
+            run_name = checked.label if self.campaign.has_trainer else f"{checked.label}-explorer"
             self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, run_name,
                                    artifact_root=out / "mlartifacts", run_id=self.state.mlflow_run_id,
                                    tags={"campaign": cfg.name, "rftflow.mode": cfg.mode, "rftflow.version": __version__,
                                          "prefect.flow_run_id": flow_run_id or "",
                                          "prefect.flow_run_url": flow_run_url or "",
-                                         "mlflow.source.name": "rftflow run (flows/campaign.py:rft_campaign)",
+                                         "mlflow.source.name": "rftflow.flows.campaign.rft_campaign",
                                          "mlflow.note.content": describe(cfg, flow_run_id, flow_run_url)})
         except BaseException as e:  # the claimed attempt ends here, in the state (no MLflow run yet)
             self._end_state("failed", f"{type(e).__name__}: {first_line(e)}")
@@ -171,7 +171,7 @@ class CampaignRun:
         with self._lock:
             last_stage = step == self.stages[-1]
             commit = step not in self.stages or (last_stage and end - self._committed_at >= COMMIT_SECONDS)
-            self.tracker.log_metrics(metrics, step=round_no, defer=not commit)
+            self.tracker.log_metrics(charted(metrics), step=round_no, defer=not commit)
             self.last_reward = metrics.get("reward/mean", self.last_reward)
             self.state.round, self.state.stage = round_no, step.value
             if last_stage:
@@ -270,7 +270,7 @@ class CampaignRun:
         """Held-out accuracy at ``round_no`` (0 = before the rounds), kept in the state."""
         def work() -> dict[str, float]:
             metrics = self.campaign.evaluate()
-            self.state.evals[str(round_no)] = metrics["eval/accuracy"]
+            self.state.evals[str(round_no)] = metrics["accuracy/held_out"]
             return metrics
 
         return self._tracked(Step.EVALUATE, round_no, work)
@@ -290,7 +290,6 @@ class CampaignRun:
         self.state.checkpoint, self.state.checkpoint_round = manifest["prefix"], round_no
         self.states.write(self.state)
         self._retire_checkpoints()
-        self.tracker.log_metrics({"checkpoint/weight_version": manifest["weight_version"]}, step=round_no)
         return manifest
 
     def _retire_checkpoints(self) -> None:
@@ -331,9 +330,9 @@ class CampaignRun:
         def work() -> dict[str, float]:
             decision = promote(self.checked, self.state.model_version)
             self.promotion = decision.line()
-            metrics = {"promotion/promoted": float(decision.promoted)}
+            metrics = {"version/promoted": float(decision.promoted)}
             if decision.p_value is not None:
-                metrics["promotion/p_value"] = decision.p_value
+                metrics["version/p_value"] = decision.p_value
             return metrics
 
         return {**self._tracked(Step.PROMOTE, round_no, work), "decision": self.promotion}
@@ -366,9 +365,6 @@ class CampaignRun:
         if self.cfg.retention.after_campaign:
             summary["gc_deleted_objects"] = self.collect_garbage()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if after is not None:
-            self.tracker.log_metrics({"eval/accuracy_before": before, "eval/accuracy_after": after},
-                                     step=self.cfg.rounds)
         self.end("finished")
         return summary
 

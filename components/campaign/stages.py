@@ -108,7 +108,10 @@ class Campaign:
             self.sampler = Sampler(self.store, cfg.buffer, self.algorithm,
                                    micro_batch_size=cfg.trainer.micro_batch_size, epochs=cfg.trainer.epochs,
                                    round_rows=cfg.explorer.tasks_per_round * cfg.explorer.repeat_times,
-                                   groups_per_round=cfg.explorer.tasks_per_round, seed=cfg.seed)
+                                   groups_per_round=cfg.explorer.tasks_per_round, seed=cfg.seed,
+                                   # rows older than the trainer: a second lane or process, replay, or sync every k > 1
+                                   stale_possible=cfg.mode != "both" or cfg.buffer.sampling == "replay"
+                                   or cfg.sync.interval > 1)
         source = self.trainer.unwrapped if self.trainer else None
         target = self.engine if self.has_explorer else None
         self.weights = (MemoryWeightSync(source, target) if cfg.sync.method == "memory"
@@ -246,8 +249,9 @@ class Campaign:
         table = pa.concat_tables(tables)
         self.store.write_staging(round_no, "rollouts", table)
         lengths = pc.list_value_length(table.column("response_ids"))
-        return {"explore/rows": table.num_rows, "explore/batches": batches,
-                "explore/response_len": pc.mean(lengths).as_py() or 0.0}
+        batched = {"rollout/batches": batches} if self.algorithm.dynamic_sampling else {}  # else always 1
+        return {"explore/rows": table.num_rows, **batched,
+                "rollout/response_len": pc.mean(lengths).as_py() or 0.0}
 
     def verify(self, round_no: int) -> dict[str, float]:
         """Score the rollouts, check the experience contract and run the experience pipeline

@@ -52,6 +52,6 @@ class Critic:
         self.optimizer.step()
         explained = 1.0 - ((returns - values.detach()) ** 2 * mask).sum() / (
             ((returns - (returns * mask).sum() / mask.sum()) ** 2 * mask).sum().clamp(min=1e-8))
-        return {"critic/loss": float(loss.detach()), "critic/grad_norm": float(grad_norm),
-                "critic/value_mean": float((values.detach() * mask).sum() / mask.sum().clamp(min=1.0)),
-                "critic/explained_variance": float(explained)}
+        return {"value/loss": float(loss.detach()), "value/grad_norm": float(grad_norm),
+                "value/mean": float((values.detach() * mask).sum() / mask.sum().clamp(min=1.0)),
+                "value/explained_variance": float(explained)}

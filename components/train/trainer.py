@@ -107,7 +107,7 @@ class Trainer:
         full = {name: torch.zeros(len(rows), width) for name in ("advantages", "old_values", "returns")}
         for name, value in (("advantages", adv), ("old_values", old_values), ("returns", returns)):
             full[name][explorer_idx, :value.shape[1]] = value
-        metrics["critic/returns_mean"] = float(returns.sum() / mask.sum())
+        metrics["value/returns_mean"] = float(returns.sum() / mask.sum())
         return full.pop("advantages"), full, metrics
 
     @property

@@ -31,9 +31,9 @@ class Checked:
         rewards = self.scored.column("reward")
         out = {"reward/mean": pc.mean(rewards).as_py(), "reward/std": pc.stddev(rewards).as_py() or 0.0,
                "contract/accepted": self.verdict.counts["accepted"],
-               "contract/quarantined": self.verdict.counts["quarantined"]}
+               "verify/quarantined": self.verdict.counts["quarantined"]}
         if self.dropped is not None:
-            out["pipeline/dropped"] = self.dropped.num_rows
+            out["verify/pipeline_dropped"] = self.dropped.num_rows
         return out
 
 

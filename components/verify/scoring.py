@@ -31,12 +31,12 @@ def greedy_scores(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardF
 
 def evaluate(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int) -> dict[str, float]:
     """Greedy decoding on held-out tasks: accuracy = share of responses with reward 1, the mean
-    reward, the share of responses that ended within ``max_new_tokens`` (``eval/finished``) and
-    the accuracy of those (``eval/accuracy_of_finished``, 0 when none did) — a chatty model's
+    reward, the share of responses that ended within ``max_new_tokens`` (``accuracy/finished``) and
+    the accuracy of those (``accuracy/of_finished``, 0 when none did) — a chatty model's
     answer cut off by the budget fails whatever its arithmetic, so the two split format from skill."""
     finished: list[bool] = []
     scores = greedy_scores(engine, tasks, reward_fn, max_new_tokens, finished)
     correct_finished = sum(s >= 1.0 and f for s, f in zip(scores, finished))
-    return {"eval/accuracy": sum(s >= 1.0 for s in scores) / len(scores), "eval/reward_mean": sum(scores) / len(scores),
-            "eval/finished": sum(finished) / len(finished),
-            "eval/accuracy_of_finished": correct_finished / max(1, sum(finished))}
+    return {"accuracy/held_out": sum(s >= 1.0 for s in scores) / len(scores), "accuracy/reward_mean": sum(scores) / len(scores),
+            "accuracy/finished": sum(finished) / len(finished),
+            "accuracy/of_finished": correct_finished / max(1, sum(finished))}

@@ -71,27 +71,37 @@ def test_the_ui_shows_progress_a_round_table_and_a_summary_linking_mlflow(finish
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    _, _, summary = finished
+    from rftflow.components.campaign.preflight import campaign_label
+
+    cfg, run_dir, summary = finished
+    label = campaign_label(cfg.name, run_dir)
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[summary["prefect_flow_run_id"]])))
+        flow_run = client.read_flow_run(summary["prefect_flow_run_id"])
     by_key: dict[str, list] = {}
     for artifact in found:
         by_key.setdefault(artifact.key, []).append(artifact)
-    assert set(by_key) == {"e2e-progress", "e2e-rounds", "e2e-summary"}, sorted(by_key)
-    (progress,) = by_key["e2e-progress"]
+    # one card per kind, keyed by the campaign's label and the attempt
+    assert {k: len(v) for k, v in by_key.items()} == {f"{label}-a1-{kind}": 1 for kind in ("progress", "rounds", "summary")}
+    (progress,) = by_key[f"{label}-a1-progress"]
     assert progress.type == "progress" and float(progress.data) == 100.0  # updated after each round
-    tables = sorted(by_key["e2e-rounds"], key=lambda a: a.created)
-    assert len(tables) == 2  # a new version every round
-    rows = json.loads(tables[-1].data)
-    assert [r["round"] for r in rows] == [1, 2]
-    for row in rows:
-        assert 0 <= row["reward"] <= 1 and row["train s"] > 0 and row["accepted"] + row["quarantined"] == 16
+    (table,) = by_key[f"{label}-a1-rounds"]  # made once, its data replaced each update
+    rows = json.loads(table.data)
+    assert [r["round"] for r in rows] == [0, 1, 2]  # round 0: before the rounds
+    assert rows[0]["accuracy"] == pytest.approx(summary["eval_accuracy_before"], abs=1e-4) and rows[0]["reward"] == ""
+    for row in rows[1:]:
+        assert 0 <= row["reward"] <= 1 and row["train s"] > 0 and row["quarantined"] == 0
         assert 0 <= row["accuracy"] <= 1  # eval.every=1: each round's evaluation is in its row
     assert rows[-1]["accuracy"] == pytest.approx(summary["eval_accuracy_after"], abs=1e-4)
-    (markdown,) = by_key["e2e-summary"]
+    (markdown,) = by_key[f"{label}-a1-summary"]
     assert summary["mlflow_run_id"] in markdown.data and f"models:/{summary['model_name']}/{summary['model_version']}" in markdown.data
     assert f"{summary['eval_accuracy_before']:.3f} → {summary['eval_accuracy_after']:.3f}" in markdown.data
+    # the flow run says which campaign and attempt it is, and where it ended, in its name and tags
+    assert flow_run.name.endswith(f"-{label.rsplit('-', 1)[1]}-a1")
+    assert {f"campaign {label}", f"mlflow {summary['mlflow_run_id']}", "round 2/2",
+            f"accuracy {summary['eval_accuracy_after']:.3f}",
+            f"model {summary['model_name']} v{summary['model_version']}"} <= set(flow_run.tags), flow_run.tags
 
 
 def test_mlflow_has_metrics_per_round_and_masked_params(finished):
@@ -102,7 +112,7 @@ def test_mlflow_has_metrics_per_round_and_masked_params(finished):
     steps = lambda key: sorted(m.step for m in client.get_metric_history(summary["mlflow_run_id"], key))  # noqa: E731
     assert steps("reward/mean") == [1, 2]
     assert steps("loss/total") == [1, 2] and steps("time/explore_s") == [1, 2]
-    assert steps("eval/accuracy") == [0, 1, 2]
+    assert steps("accuracy/held_out") == [0, 1, 2]
     run = client.get_run(summary["mlflow_run_id"])
     assert run.data.params["algorithm.name"] == "mix" and run.info.status == "FINISHED"
 
@@ -245,9 +255,9 @@ def test_task_runs_auto_over_its_share_runs_the_rounds_after_the_first_several_t
     assert not [name for name in states if name.split("[")[0] in STAGES and not name.endswith("[r=1]")]
     assert sorted(name for name in states if name.startswith("round[")) == rounds
     client = MlflowClient(summary["mlflow_tracking_uri"])
-    share = client.get_metric_history(summary["mlflow_run_id"], "orchestration/task_run_share")
+    share = client.get_metric_history(summary["mlflow_run_id"], "time/prefect_share")
     assert [m.step for m in share] == [1] and 0.0 < share[0].value < 1.0
-    per_task_run = client.get_metric_history(summary["mlflow_run_id"], "orchestration/rounds_per_task_run")
+    per_task_run = client.get_metric_history(summary["mlflow_run_id"], "time/rounds_per_task_run")
     assert [(m.step, m.value) for m in per_task_run] == [(1, summary["rounds_per_task_run"])]
     for stage in STAGES:  # every stage timed once a round, either way
         steps = [m.step for m in client.get_metric_history(summary["mlflow_run_id"], f"time/{stage}_s")]

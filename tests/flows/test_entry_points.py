@@ -13,6 +13,7 @@ from rftflow.components.config import ConfigError
 @pytest.mark.parametrize("as_mapping", [True, False], ids=["mapping", "yaml path"])
 def test_the_flow_called_with_bad_input_fails_before_any_work(prefect_api, tmp_path, default_config, as_mapping):
     from rftflow.components.config import load_config
+    from rftflow.components.campaign.preflight import campaign_label
     from rftflow.flows.campaign import rft_campaign
 
     config = load_config(default_config).model_dump(mode="json") if as_mapping else str(default_config)
@@ -58,6 +59,7 @@ def test_date_templates_give_each_scheduled_run_its_own_name_and_run_dir(prefect
 
     from prefect import get_client
 
+    from rftflow.components.campaign.preflight import campaign_label
     from rftflow.flows.campaign import rft_campaign
 
     today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
@@ -65,4 +67,6 @@ def test_date_templates_give_each_scheduled_run_its_own_name_and_run_dir(prefect
                          overrides=["name=nightly-{date}", f"taskset.source={tmp_path}/tasks-{{date}}.jsonl"])
     assert state.is_failed() and state.message == f"taskset file not found: {tmp_path}/tasks-{today}.jsonl"
     with get_client(sync_client=True) as client:
-        assert client.read_flow_run(state.state_details.flow_run_id).name == f"nightly-{today}"
+        name = client.read_flow_run(state.state_details.flow_run_id).name
+    # the day, and the run dir's hash (two campaigns of one name in two run dirs get two names)
+    assert name == campaign_label(f"nightly-{today}", tmp_path / today)

@@ -53,7 +53,7 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
     history = MlflowClient(summary["mlflow_tracking_uri"]).get_metric_history
     human = history(summary["mlflow_run_id"], "sample/human_rows")
     assert len(human) == 2 and sum(m.value for m in human) > 0  # the rated rows were trained on
-    assert len(history(summary["mlflow_run_id"], "pipeline/dropped")) == 2
+    assert len(history(summary["mlflow_run_id"], "verify/pipeline_dropped")) == 2
     usual = campaign.store.read_kind("usual")
     assert usual.num_rows > 0
     for shaped, per_fn in zip(usual.column("reward").to_pylist(), usual.column("rewards").to_pylist()):

@@ -61,7 +61,7 @@ def test_auto_chooses_by_prefects_share_of_the_first_round(max_share, chosen):
         made = plan.measured(Planned(step, 1), own[step] / 0.7, own[step])
         assert (made is None) == (step != Step.SYNC)
     line, metrics = made
-    assert "30% of round 1" in line and metrics["orchestration/task_run_share"] == pytest.approx(0.3)
+    assert "30% of round 1" in line and metrics["time/prefect_share"] == pytest.approx(0.3)
     assert plan.granularity == chosen
     k, total = plan.rounds_per_task_run, sum(own.values())
     if chosen == "round":

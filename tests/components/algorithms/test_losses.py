@@ -61,7 +61,7 @@ def test_ppo_clip_positive_advantage_clips_the_gain():
     # l = −min(r, clip(r, .8, 1.2)) = −[.5, 1, 1.2, 1.1] → mean −0.95
     loss, metrics = _ppo(1.0)
     assert_close(loss, torch.tensor(-0.95))
-    assert metrics["policy/clip_frac"] == pytest.approx(0.25)  # only r = 1.5 is clipped
+    assert metrics["update/clip_frac"] == pytest.approx(0.25)  # only r = 1.5 is clipped
 
 
 def test_ppo_clip_negative_advantage_and_dual_clip():
@@ -171,7 +171,7 @@ def test_regularized_adds_kl_and_subtracts_entropy_bonus():
     loss, metrics = regularized(torch.tensor(1.0), logprobs, torch.ones(1, 2), ref_logprobs=ref, kl_coef=0.1,
                                 kl_kind="k1", entropy=entropy, entropy_coef=0.01)
     assert_close(loss, torch.tensor(1.0 + 0.1 * -0.25 - 0.01 * 2.0))
-    assert metrics == {"kl/k1": pytest.approx(-0.25), "policy/entropy": pytest.approx(2.0)}
+    assert metrics == {"kl/k1": pytest.approx(-0.25), "update/entropy": pytest.approx(2.0)}
     untouched, _ = regularized(torch.tensor(1.0), logprobs, torch.ones(1, 2), ref_logprobs=ref, kl_kind="k2")
     assert_close(untouched, torch.tensor(1.0))  # coefficient 0: reported, not added
 
@@ -193,7 +193,7 @@ def test_dpo_loss_by_hand():
     loss, metrics = dpo_loss(logprobs, ref, mask, beta=0.1)
     expected = (-math.log(1 / (1 + math.exp(-0.3))) - math.log(1 / (1 + math.exp(0.05)))) / 2
     assert loss.item() == pytest.approx(expected, rel=1e-5)
-    assert metrics["dpo/reward_accuracy"] == 0.5 and metrics["dpo/margin"] == pytest.approx((3 - 0.5) / 2, rel=1e-5)
+    assert metrics["update/dpo_reward_accuracy"] == 0.5 and metrics["update/dpo_margin"] == pytest.approx((3 - 0.5) / 2, rel=1e-5)
     # label smoothing ε: −(1−ε)·log σ(z) − ε·log σ(−z)
     smooth, _ = dpo_loss(logprobs[:2], ref[:2], mask[:2], beta=0.1, label_smoothing=0.2)
     assert smooth.item() == pytest.approx(0.8 * math.log1p(math.exp(-0.3)) + 0.2 * math.log1p(math.exp(0.3)), rel=1e-5)

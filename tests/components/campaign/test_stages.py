@@ -64,15 +64,15 @@ def test_preset_runs_two_rounds(preset, started):
         if preset == "dapo":  # an untrained model's groups mostly score all 0: dynamic sampling drops them
             informative = metrics["explore/rows"] / 4 - metrics["sample/dropped_groups"]
             # ... and refills: more task batches until 4 groups with signal, or the 4-batch limit
-            assert metrics["explore/batches"] == 4 or (metrics["explore/batches"] > 1 and informative >= 4)
+            assert metrics["rollout/batches"] == 4 or (metrics["rollout/batches"] > 1 and informative >= 4)
             assert metrics["train/steps"] == math.ceil(min(informative, 4) * 4 / 16)
             continue
         assert metrics["train/steps"] >= 1
         if preset == "dpo":
             assert metrics["sample/pairs"] >= 1 and metrics["train/steps"] == math.ceil(metrics["sample/pairs"] * 2 / 16)
         assert metrics["sync/weight_version"] == r + 1  # the warm start synced once
-    expected = {"sft": "loss/sft", "mix": "loss/sft", "dapo": "sample/dropped_groups", "ppo": "critic/loss",
-                "dpo": "dpo/reward_accuracy"}.get(preset, "loss/policy")
+    expected = {"sft": "loss/sft", "mix": "loss/sft", "dapo": "sample/dropped_groups", "ppo": "value/loss",
+                "dpo": "update/dpo_reward_accuracy"}.get(preset, "loss/policy")
     assert expected in metrics
 
 
@@ -82,7 +82,7 @@ def test_kl_entropy_and_staleness_options_run_in_a_campaign(started):
     metrics = [campaign.run_round(r) for r in (1, 2)][-1]
     # on-policy: every row is from the current version, none is stale
     assert metrics["sample/dropped_stale"] == 0 and metrics["train/steps"] == 1
-    assert metrics["kl/low_var_kl"] >= 0 and metrics["policy/entropy"] > 0
+    assert metrics["kl/low_var_kl"] >= 0 and metrics["update/entropy"] > 0
 
 
 def test_mix_expert_ratio_sets_the_expert_share_of_the_round(started):

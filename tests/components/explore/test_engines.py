@@ -100,9 +100,9 @@ def test_evaluation_splits_accuracy_into_finished_answers_and_their_accuracy(tin
         rollouts = [g[0] for g in engine.generate([t.prompt for t in tasks], n=1, max_new_tokens=budget, greedy=True)]
         finished = [r.finished for r in rollouts]
         correct = [reward(r.text, t) == 1.0 for r, t in zip(rollouts, tasks)]
-        assert metrics["eval/finished"] == sum(finished) / len(tasks)
-        assert metrics["eval/accuracy"] == sum(correct) / len(tasks)
-        assert metrics["eval/accuracy_of_finished"] == sum(c and f for c, f in zip(correct, finished)) / max(1, sum(finished))
+        assert metrics["accuracy/finished"] == sum(finished) / len(tasks)
+        assert metrics["accuracy/held_out"] == sum(correct) / len(tasks)
+        assert metrics["accuracy/of_finished"] == sum(c and f for c, f in zip(correct, finished)) / max(1, sum(finished))
     short, long = evaluate(engine, tasks, reward, 1), evaluate(engine, tasks, reward, 12)
-    assert short["eval/finished"] < long["eval/finished"] and long["eval/finished"] > 0.5
-    assert 0 < long["eval/accuracy_of_finished"] < 1
+    assert short["accuracy/finished"] < long["accuracy/finished"] and long["accuracy/finished"] > 0.5
+    assert 0 < long["accuracy/of_finished"] < 1

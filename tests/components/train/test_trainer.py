@@ -84,7 +84,7 @@ def test_kl_loss_uses_a_frozen_reference_and_grows_as_the_policy_moves(tiny):
     ref_before = [p.clone() for p in trainer.ref_model.parameters()]
     for _ in range(5):
         last = trainer.train(rows, whole(rows))
-    assert last["kl/k3"] > 1e-4 and "policy/entropy" in last
+    assert last["kl/k3"] > 1e-4 and "update/entropy" in last
     assert all(torch.equal(a, b) for a, b in zip(ref_before, trainer.ref_model.parameters()))
 
 
@@ -111,7 +111,7 @@ def test_ppo_trains_a_critic_on_token_level_gae(tiny):
     rows[0]["response_ids"] = rows[0]["response_ids"] + [tokenizer.eos_token_id]  # unequal lengths: 3 vs 2
     rows[0]["response_logprobs"] = rows[0]["response_logprobs"] + [-1.0]
     first = trainer.train(rows, whole(rows))
-    assert trainer.critic is not None and {"critic/loss", "critic/explained_variance", "loss/policy"} <= set(first)
+    assert trainer.critic is not None and {"value/loss", "value/explained_variance", "loss/policy"} <= set(first)
     # token-level advantages: (N, R_max), zero past each row's last token; with V = critic's values,
     # A_t = Σ_{k≥t} (γλ)^{k−t} δ_k, so the last token's A = reward − V_last
     advantages, targets, _ = trainer._advantages(rows)
@@ -121,7 +121,7 @@ def test_ppo_trains_a_critic_on_token_level_gae(tiny):
     torch.testing.assert_close(targets["returns"], (advantages + targets["old_values"]) * (advantages != 0))
     for _ in range(15):
         later = trainer.train(rows, whole(rows))
-    assert later["critic/loss"] < first["critic/loss"] / 2  # the critic fits the returns
+    assert later["value/loss"] < first["value/loss"] / 2  # the critic fits the returns
 
 
 def test_dpo_raises_the_chosen_response_over_the_rejected(tiny):
@@ -135,7 +135,7 @@ def test_dpo_raises_the_chosen_response_over_the_rejected(tiny):
     rows = paired.to_pylist()
     assert n == 2 and [r["reward"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
     first = trainer.train(rows, whole(rows))
-    assert first["dpo/margin"] == pytest.approx(0.0, abs=1e-5)  # the reference is the policy at the start
+    assert first["update/dpo_margin"] == pytest.approx(0.0, abs=1e-5)  # the reference is the policy at the start
     for _ in range(10):
         last = trainer.train(rows, whole(rows))
-    assert last["dpo/reward_accuracy"] == 1.0 and last["dpo/margin"] > 1.0 and last["loss/policy"] < first["loss/policy"]
+    assert last["update/dpo_reward_accuracy"] == 1.0 and last["update/dpo_margin"] > 1.0 and last["loss/policy"] < first["loss/policy"]

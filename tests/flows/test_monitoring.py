@@ -1,0 +1,177 @@
+"""Monitoring at a glance, read back from a real ``prefect server start`` and ``mlflow server``
+(both started by ``rftflow up``, as a user does): after ``up``, a campaign reports to them with no
+export; its flow run's tags say where it is while it runs, which campaign and MLflow run it is, and
+which model it registered; a link artifact opens the MLflow run in the training view; two
+campaigns of one name in two run dirs never share a name; one artifact card per kind; the MLflow
+experiment is tagged for the training view, its headline metric sections come first and no metric
+is one the config fixes; and the alert automation calls a webhook when a campaign crashes."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from tests.flows.user import UserRun, clean, run_to_end, sets
+
+pytestmark = pytest.mark.slow  # two servers and four campaigns
+
+SMALL = ["taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2", "trainer.micro_batch_size=16",
+         "explorer.tasks_per_round=4", "explorer.repeat_times=4", "buffer.expert_per_round=8",
+         "promotion.min_accuracy=0", "name=watched"]
+
+
+@pytest.fixture(scope="module")
+def up(cli_env, tmp_path_factory):
+    """``rftflow up`` over run dir A, on a PREFECT_HOME of its own; the campaigns' environment has
+    no PREFECT_API_URL (they find the server themselves)."""
+    from rftflow.flows.servers import free_port
+
+    home = tmp_path_factory.mktemp("monitoring")
+    env = {k: v for k, v in cli_env.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(home / "prefect")}
+    ports = {"prefect": free_port(), "mlflow": free_port()}
+    code, out = run_to_end(["up", str(home / "a"), "--prefect-port", str(ports["prefect"]),
+                            "--mlflow-port", str(ports["mlflow"])], env=env)
+    assert code == 0, out
+    yield {"env": env, "home": home, "prefect": f"http://127.0.0.1:{ports['prefect']}",
+           "mlflow": f"http://127.0.0.1:{ports['mlflow']}", "out": out}
+    run_to_end(["down", str(home / "a")], env=env)
+
+
+def _api(up, path: str, body: dict | None = None, server: str = "prefect"):
+    base = up[server] + ("/api" if server == "prefect" else "/api/2.0/mlflow")
+    request = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST" if body is not None
+                                     else "GET")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read() or b"null")
+
+
+def _flow_runs(up, name_like: str) -> list[dict]:
+    return _api(up, "/flow_runs/filter", {"flow_runs": {"name": {"like_": name_like}}})
+
+
+@pytest.fixture(scope="module")
+def watched(up):
+    """A campaign in run dir A, its flow run's tags read every 0.2 s while it runs."""
+    args = ["run", "--run-dir", str(up["home"] / "a"), "--no-progress", *sets(*SMALL, "rounds=12", "eval.every=4")]
+    run = UserRun(args, env=up["env"])
+    seen: list[list[str]] = []
+    while run.proc.poll() is None:
+        seen += [r["tags"] for r in _flow_runs(up, "watched-%") if r["state_type"] == "RUNNING"]
+        time.sleep(0.2)
+    code, out = run.finish()
+    assert code == 0, out[-3000:]
+    clean(out)
+    (flow_run,) = _flow_runs(up, "watched-%")
+    return {"out": out, "seen": seen, "flow_run": flow_run,
+            "summary": json.loads((up["home"] / "a" / "summary.json").read_text())}
+
+
+def test_after_up_a_campaign_reports_to_its_servers_with_no_export(up, watched):
+    assert "`rftflow run` on this PREFECT_HOME reports to this Prefect server" in up["out"]
+    assert f"reporting to the Prefect server of `rftflow up`: {up['prefect']}" in watched["out"]
+    assert watched["flow_run"]["state_type"] == "COMPLETED"
+
+
+def test_the_flow_run_tags_say_where_it_is_while_it_runs_and_which_run_it_is(up, watched):
+    rounds = {int(m.group(1)) for tags in watched["seen"] for t in tags if (m := re.fullmatch(r"round (\d+)/12", t))}
+    assert rounds and min(rounds) < 12, watched["seen"][-3:]  # seen mid-campaign, not only at the end
+    assert any(t.startswith("accuracy ") for tags in watched["seen"] for t in tags)
+    summary, tags = watched["summary"], set(watched["flow_run"]["tags"])
+    assert {f"mlflow {summary['mlflow_run_id']}", "round 12/12", f"reward {summary['reward_mean_last_round']:.3f}",
+            f"model {summary['model_name']} v{summary['model_version']}"} <= tags, tags
+    assert any(t.startswith("campaign watched-") for t in tags)
+
+
+def test_one_artifact_card_per_kind_and_a_link_to_the_mlflow_run_in_the_training_view(up, watched):
+    artifacts = _api(up, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [watched["flow_run"]["id"]]}}})
+    kinds = sorted(a["key"].rsplit("-", 1)[1] for a in artifacts)
+    assert kinds == ["mlflow", "progress", "rounds", "summary"], [a["key"] for a in artifacts]
+    (link,) = [a for a in artifacts if a["key"].endswith("-mlflow")]
+    run_id = watched["summary"]["mlflow_run_id"]
+    assert re.search(rf"{re.escape(up['mlflow'])}/#/experiments/\d+/runs/{run_id}\?workflowType=machine_learning",
+                     link["data"]), link["data"]
+    (table,) = [a for a in artifacts if a["key"].endswith("-rounds")]
+    assert [r["round"] for r in json.loads(table["data"])] == list(range(13))  # round 0 (before) to 12
+
+
+def test_the_mlflow_experiment_opens_for_training_with_the_headline_charts_first_and_no_fixed_values(up, watched):
+    from rftflow.components.tracking import NOT_CHARTED
+
+    run = _api(up, f"/runs/get?run_id={watched['summary']['mlflow_run_id']}", server="mlflow")["run"]
+    experiment = _api(up, f"/experiments/get?experiment_id={run['info']['experiment_id']}", server="mlflow")
+    tags = {t["key"]: t["value"] for t in experiment["experiment"].get("tags", [])}
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    metrics = {m["key"] for m in run["data"]["metrics"]}
+    assert not metrics & NOT_CHARTED and "sample/staleness_max" not in metrics  # fixed by the config here
+    sections = sorted({m.split("/", 1)[0] for m in metrics})
+    headline = [s for s in sections if s in ("accuracy", "kl", "loss", "reward")]
+    assert sections[:len(headline)] == headline and headline[0] == "accuracy", sections  # MLflow sorts sections
+    history = _api(up, f"/metrics/get-history?run_id={run['info']['run_id']}&metric_key=accuracy/held_out",
+                   server="mlflow")["metrics"]
+    assert sorted(m["step"] for m in history) == [0, 4, 8, 12]  # before and after on one chart, from step 0
+
+
+def test_two_campaigns_of_one_name_in_two_run_dirs_never_share_a_name(up, watched):
+    code, out = run_to_end(["run", "--run-dir", str(up["home"] / "b"), "--no-progress", *sets(*SMALL, "rounds=2")],
+                           env=up["env"])
+    assert code == 0, out[-3000:]
+    names = sorted(r["name"] for r in _flow_runs(up, "watched-%"))
+    assert len(names) == 2 and names[0] != names[1] and all(n.endswith("-a1") for n in names)
+    keys = {a["key"] for a in _api(up, "/artifacts/filter", {}) if a["key"] and a["key"].startswith("watched-")}
+    assert len(keys) == 4 + 3  # A's four kinds, B's three (no MLflow server over B: no link)
+    from mlflow import MlflowClient
+
+    runs = [MlflowClient(f"sqlite:///{up['home'] / d / 'mlflow.db'}").get_run(
+        json.loads((up["home"] / d / "summary.json").read_text())["mlflow_run_id"]).info.run_name for d in ("a", "b")]
+    assert runs[0] != runs[1] and all(r.startswith("watched-") for r in runs)
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    calls: list = []
+
+    def do_POST(self):  # noqa: N802
+        self.calls.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_alert_automation_calls_a_webhook_when_a_campaign_crashes(up, watched):
+    from rftflow.flows.servers import free_port
+
+    port = free_port()
+    receiver = HTTPServer(("127.0.0.1", port), _Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        code, out = run_to_end(["alerts", f"http://127.0.0.1:{port}/hook", "--stall-minutes", "5"], env=up["env"])
+        assert code == 0 and "rftflow: campaign failed or crashed: automation" in out, out
+        assert f"127.0.0.1:{port}" not in out  # the webhook's URL may carry a token: never printed
+        run = UserRun(["run", "--run-dir", str(up["home"] / "crash"), "--no-progress",
+                       *sets(*SMALL, "name=crashing", "rounds=40", "trainer.warmup_steps=400")], env=up["env"])
+        run.wait_for("Task run 'prepare[r=0]' - Finished")
+        run.interrupt(signal.SIGINT)  # a stop at the next safe point ...
+        time.sleep(0.3)
+        run.interrupt(signal.SIGINT)  # ... and, at once, a second Ctrl-C: the flow run crashes
+        code, out = run.finish()
+        assert code == 130 and "stopped at once" in out, out[-3000:]
+        (flow_run,) = _flow_runs(up, "crashing-%")
+        assert flow_run["state_type"] == "CRASHED"
+        deadline = time.monotonic() + 120
+        while not _Receiver.calls and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _Receiver.calls, "no webhook call within 120 s"
+        call = json.loads(_Receiver.calls[0])
+        assert call["alert"] == "failed or crashed" and call["event"] == "prefect.flow-run.Crashed"
+        assert call["name"].startswith("crashing-")
+    finally:
+        receiver.shutdown()
