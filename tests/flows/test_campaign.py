@@ -115,6 +115,11 @@ def test_mlflow_has_metrics_per_round_and_masked_params(finished):
     assert steps("accuracy/held_out") == [0, 1, 2]
     run = client.get_run(summary["mlflow_run_id"])
     assert run.data.params["algorithm.name"] == "mix" and run.info.status == "FINISHED"
+    # the naming scheme (docs/operations/monitoring.md): MLflow shows sections alphabetically, the
+    # headline ones first; every other section sorts after them
+    sections = {key.split("/", 1)[0] for key in run.data.metrics}
+    headline = {"accuracy", "kl", "loss", "reward"}
+    assert {"accuracy", "loss", "reward"} <= sections and all(s > "reward" for s in sections - headline), sections
 
 
 def test_store_holds_committed_parquet_shards_readable_by_plain_pyarrow(finished):

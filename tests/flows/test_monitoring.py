@@ -156,6 +156,15 @@ def test_the_alert_automation_calls_a_webhook_when_a_campaign_crashes(up, watche
         code, out = run_to_end(["alerts", f"http://127.0.0.1:{port}/hook", "--stall-minutes", "5"], env=up["env"])
         assert code == 0 and "rftflow: campaign failed or crashed: automation" in out, out
         assert f"127.0.0.1:{port}" not in out  # the webhook's URL may carry a token: never printed
+        automations = {a["name"]: a for a in _api(up, "/automations/filter", {})}
+        stalled = automations["rftflow: campaign stalled"]["trigger"]
+        assert stalled["posture"] == "Proactive" and stalled["within"] == 300.0
+        assert set(stalled["after"]) == {"rftflow.campaign.round"}
+        # what the stall automation watches: the campaigns' round and end events
+        events = _api(up, "/events/filter", {"filter": {"event": {"prefix": ["rftflow.campaign."]}}, "limit": 200})
+        watched_events = [e["event"] for e in events["events"] if e["resource"]["prefect.resource.id"].startswith(
+            "rftflow.campaign.watched-")]
+        assert "rftflow.campaign.round" in watched_events and "rftflow.campaign.ended" in watched_events
         run = UserRun(["run", "--run-dir", str(up["home"] / "crash"), "--no-progress",
                        *sets(*SMALL, "name=crashing", "rounds=40", "trainer.warmup_steps=400")], env=up["env"])
         run.wait_for("Task run 'prepare[r=0]' - Finished")
