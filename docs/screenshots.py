@@ -21,7 +21,7 @@ CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disabl
             "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
 
 
-def shoot(url: str, name: str, profile: Path, height: int = 1000, wait_ms: int = 9000) -> None:
+def shoot(url: str, name: str, profile: Path, height: int = 1000, wait_ms: int = 30000) -> None:
     subprocess.run([*CHROMIUM, f"--user-data-dir={profile}", f"--screenshot={OUT / name}",
                     f"--window-size=1440,{height}", f"--virtual-time-budget={wait_ms}", url],
                    check=True, capture_output=True, timeout=120)
@@ -55,7 +55,12 @@ def main() -> None:
         (flow_run,) = api(f"{ui}/api/flow_runs/filter", {"flow_runs": {"name": {"like_": "arith-mix-%"}}})
         profile = work / "chromium"
         shoot(f"{ui}/runs/flow-run/{flow_run['id']}", "prefect-flow-run.png", profile)
-        shoot(f"{ui}/runs/flow-run/{flow_run['id']}?tab=Artifacts", "prefect-artifacts.png", profile, height=1300)
+        # the flow run's Artifacts tab cannot be linked to (the UI falls back to Logs while it loads):
+        # the Artifacts page lists the same cards, and the round table's own page shows it
+        shoot(f"{ui}/artifacts", "prefect-artifacts.png", profile, height=700)
+        (table,) = api(f"{ui}/api/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]},
+                                                                   "type": {"any_": ["table"]}}})
+        shoot(f"{ui}/artifacts/key/{table['key']}", "prefect-rounds.png", profile, height=1100)
         summary = json.loads((run_dir / "summary.json").read_text())
         experiment = api(f"{ml}/api/2.0/mlflow/experiments/get-by-name?experiment_name=rftflow")["experiment"]
         shoot(f"{ml}/#/experiments/{experiment['experiment_id']}/runs?workflowType=machine_learning",
