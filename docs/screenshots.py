@@ -60,13 +60,13 @@ def main() -> None:
         shoot(f"{ui}/artifacts", "prefect-artifacts.png", profile, height=700)
         (table,) = api(f"{ui}/api/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]},
                                                                    "type": {"any_": ["table"]}}})
-        shoot(f"{ui}/artifacts/key/{table['key']}", "prefect-rounds.png", profile, height=1100)
+        shoot(f"{ui}/artifacts/artifact/{table['id']}", "prefect-rounds.png", profile, height=1100)
         summary = json.loads((run_dir / "summary.json").read_text())
         experiment = api(f"{ml}/api/2.0/mlflow/experiments/get-by-name?experiment_name=rftflow")["experiment"]
         shoot(f"{ml}/#/experiments/{experiment['experiment_id']}/runs?workflowType=machine_learning",
               "mlflow-experiment.png", profile)
         shoot(f"{ml}/#/experiments/{experiment['experiment_id']}/runs/{summary['mlflow_run_id']}/model-metrics"
-              "?workflowType=machine_learning", "mlflow-model-metrics.png", profile, height=1400)
+              "?workflowType=machine_learning", "mlflow-model-metrics.png", profile, height=1400, wait_ms=90000)
         shoot(f"{ml}/#/models/{summary['model_name']}/versions/{summary['model_version']}", "mlflow-model-version.png",
               profile)
     finally:

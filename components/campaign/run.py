@@ -80,7 +80,9 @@ class CampaignRun:
                                          "mlflow.source.name": "rftflow.flows.campaign.rft_campaign",
                                          "mlflow.note.content": describe(cfg, flow_run_id, flow_run_url)})
         except BaseException as e:  # the claimed attempt ends here, in the state (no MLflow run yet)
-            self._end_state("failed", f"{type(e).__name__}: {first_line(e)}")
+            stopped = isinstance(e, KeyboardInterrupt)  # a second Ctrl-C while the models load
+            self._end_state("interrupted" if stopped else "failed",
+                            "stopped at once while loading" if stopped else f"{type(e).__name__}: {first_line(e)}")
             raise
         self.tracker.log_params(cfg.model_dump(mode="json"))
         self.state.mlflow_run_id = self.tracker.run_id
