@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from rftflow.components.campaign.preflight import campaign_label
+from rftflow.flows.monitor import artifact_key
+
 pytestmark = pytest.mark.slow  # three servers and three flow runs in worker subprocesses
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,14 +120,14 @@ def test_the_campaign_deployment_runs_through_the_worker_into_prefect_and_the_ml
         assert states.get(name) == "COMPLETED", (name, states)
     assert states.get("register[r=2]") == states.get("promote[r=2]") == "COMPLETED"
     keys = {a.key for a in artifacts}
-    name = summary["campaign"]
+    name = artifact_key(campaign_label(summary["campaign"], run_dir), "a1")  # <name>-<run dir's hash>-a<attempt>
     assert {f"{name}-progress", f"{name}-rounds", f"{name}-summary"} <= keys, keys
     markdown = next(a for a in artifacts if a.key == f"{name}-summary").data
     assert f"{servers['mlflow']}/#/experiments/" in markdown and f"/runs/{summary['mlflow_run_id']}?workflowType=machine_learning)" in markdown
 
     client = MlflowClient(servers["mlflow"], registry_uri=servers["mlflow"])
     mlflow_run = client.get_run(summary["mlflow_run_id"])
-    assert mlflow_run.info.status == "FINISHED" and mlflow_run.info.run_name == name
+    assert mlflow_run.info.status == "FINISHED" and mlflow_run.info.run_name == campaign_label(summary["campaign"], run_dir)
     assert sorted(m.step for m in client.get_metric_history(mlflow_run.info.run_id, "reward/mean")) == [1, 2]
     assert mlflow_run.info.artifact_uri.startswith("mlflow-artifacts:")  # stored by the server, not by the worker
     assert (servers["work"] / "mlartifacts").is_dir()

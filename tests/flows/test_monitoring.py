@@ -4,20 +4,21 @@ export; its flow run's tags say where it is while it runs, which campaign and ML
 which model it registered; a link artifact opens the MLflow run in the training view; two
 campaigns of one name in two run dirs never share a name; one artifact card per kind; the MLflow
 experiment is tagged for the training view, its headline metric sections come first and no metric
-is one the config fixes; and the alert automation calls a webhook when a campaign crashes."""
+is one the config fixes; and the alert automation calls a webhook when a campaign fails (its store goes away mid-run)."""
 
 from __future__ import annotations
 
 import json
 import re
-import signal
 import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import urlsplit
 
 import pytest
 
+from tests.faultproxy import FaultProxy
 from tests.flows.user import UserRun, clean, run_to_end, sets
 
 pytestmark = pytest.mark.slow  # two servers and four campaigns
@@ -146,7 +147,7 @@ class _Receiver(BaseHTTPRequestHandler):
         pass
 
 
-def test_the_alert_automation_calls_a_webhook_when_a_campaign_crashes(up, watched):
+def test_the_alert_automation_calls_a_webhook_when_a_campaign_fails(up, watched, s3_server, s3_bucket):
     from rftflow.flows.servers import free_port
 
     port = free_port()
@@ -161,26 +162,28 @@ def test_the_alert_automation_calls_a_webhook_when_a_campaign_crashes(up, watche
         assert stalled["posture"] == "Proactive" and stalled["within"] == 300.0
         assert set(stalled["after"]) == {"rftflow.campaign.round"}
         # what the stall automation watches: the campaigns' round and end events
-        events = _api(up, "/events/filter", {"filter": {"event": {"prefix": ["rftflow.campaign."]}}, "limit": 200})
+        events = _api(up, "/events/filter", {"filter": {"event": {"prefix": ["rftflow.campaign."]}}, "limit": 50})
         watched_events = [e["event"] for e in events["events"] if e["resource"]["prefect.resource.id"].startswith(
             "rftflow.campaign.watched-")]
         assert "rftflow.campaign.round" in watched_events and "rftflow.campaign.ended" in watched_events
-        run = UserRun(["run", "--run-dir", str(up["home"] / "crash"), "--no-progress",
-                       *sets(*SMALL, "name=crashing", "rounds=40", "trainer.warmup_steps=400")], env=up["env"])
-        run.wait_for("Task run 'prepare[r=0]' - Finished")
-        run.interrupt(signal.SIGINT)  # a stop at the next safe point ...
-        time.sleep(0.3)
-        run.interrupt(signal.SIGINT)  # ... and, at once, a second Ctrl-C: the flow run crashes
-        code, out = run.finish()
-        assert code == 130 and "stopped at once" in out, out[-3000:]
-        (flow_run,) = _flow_runs(up, "crashing-%")
-        assert flow_run["state_type"] == "CRASHED"
+        # a campaign whose store starts refusing connections mid-run fails once its outage budget is spent
+        with FaultProxy(urlsplit(s3_server.endpoint_url).port) as proxy:
+            run = UserRun(["run", "--run-dir", str(up["home"] / "failing"), "--no-progress",
+                           *sets(*SMALL, "name=failing", "rounds=40", f"storage.url=s3://{s3_bucket}/c",
+                                 "storage.addressing_style=path", f"storage.endpoint_url={proxy.endpoint_url}",
+                                 "storage.outage_seconds=2")], env={**up["env"], **s3_server.env})
+            run.wait_for("Task run 'buffer[r=1]' - Finished")
+            proxy.refuse()
+            code, out = run.finish()
+        assert code == 1 and "error:" in out, out[-3000:]
+        (flow_run,) = _flow_runs(up, "failing-%")
+        assert flow_run["state_type"] == "FAILED"
         deadline = time.monotonic() + 120
         while not _Receiver.calls and time.monotonic() < deadline:
             time.sleep(0.5)
         assert _Receiver.calls, "no webhook call within 120 s"
         call = json.loads(_Receiver.calls[0])
-        assert call["alert"] == "failed or crashed" and call["event"] == "prefect.flow-run.Crashed"
-        assert call["name"].startswith("crashing-")
+        assert call["alert"] == "failed or crashed" and call["event"] == "prefect.flow-run.Failed"
+        assert call["name"].startswith("failing-")
     finally:
         receiver.shutdown()
