@@ -19,7 +19,7 @@ from rftflow.components.buffer.layout import KINDS, campaigns_in, ingest_dir, re
 from rftflow.components.buffer.store import ObjectStore, open_store
 from rftflow.components.buffer.write_behind import OrderedStore, WriteBehind
 from rftflow.components.data.contracts import Verdict, enforce
-from rftflow.components.data.experience import SCHEMA
+from rftflow.components.data.experience import SCHEMA, conform
 from rftflow.components.data.ingest import IngestResult
 
 
@@ -43,6 +43,11 @@ def open_campaign(location: str | Path, campaign: str | None = None) -> Experien
     elif campaign not in names and campaign not in campaigns_in(store, moved_aside=True):
         raise ValueError(f"{location}: no campaign {campaign!r}; found: {', '.join(names) or 'none'}")
     return ExperienceStore(store, campaign)
+
+
+def _as_experiences(table: pa.Table) -> pa.Table:
+    """An experience shard as this version's ``SCHEMA`` (``conform``); other shards as they are."""
+    return conform(table) if "experience_id" in table.column_names else table
 
 
 class ExperienceStore:
@@ -79,7 +84,7 @@ class ExperienceStore:
     def shard(self, key: str) -> pa.Table:
         """Committed shard ``key`` (cached)."""
         if key not in self._shards:
-            self._shards[key] = read_shard(self.objects, key)
+            self._shards[key] = _as_experiences(read_shard(self.objects, key))
         return self._shards[key]
 
     def flush(self) -> None:
@@ -126,7 +131,7 @@ class ExperienceStore:
     def read_staging(self, round_no: int, stage: str) -> pa.Table:
         prefix = self.key("staging", round_dir(round_no), stage)
         staged = self._staged.pop(shard_key(prefix), None)
-        return staged if staged is not None else read_committed(self.objects, prefix)
+        return staged if staged is not None else read_committed(self.objects, prefix, conform=_as_experiences)
 
     # experiences -----------------------------------------------------------------------------
     def write_usual(self, round_no: int, table: pa.Table, keep: bool = True) -> str:
@@ -180,13 +185,13 @@ class ExperienceStore:
     def read_expert(self) -> pa.Table:
         """Every stored demonstration: gold answers and ingested ones (cached)."""
         if self._expert is None:
-            self._expert = read_committed(self.objects, self.key("experiences", "expert"), SCHEMA)
+            self._expert = read_committed(self.objects, self.key("experiences", "expert"), SCHEMA, conform=conform)
         return self._expert
 
     def read_human(self) -> pa.Table:
         """Every stored human-rated response (cached)."""
         if self._human is None:
-            self._human = read_committed(self.objects, self.key("experiences", "human"), SCHEMA)
+            self._human = read_committed(self.objects, self.key("experiences", "human"), SCHEMA, conform=conform)
         return self._human
 
     def write_quarantine(self, where: int | str, table: pa.Table) -> str | None:
@@ -231,7 +236,8 @@ class ExperienceStore:
         prefix, failed = self.key(*parts), self.key(*KINDS["failed"]) + "/"
         keys = [k for k in committed_shards(self.objects, prefix) if kind != "quarantine" or not k.startswith(failed)]
         try:
-            return read_committed(self.objects, prefix, keys=sorted(keys, key=shard_order))
+            return read_committed(self.objects, prefix, keys=sorted(keys, key=shard_order),
+                                  conform=_as_experiences)
         except KeyError:
             return pa.table({})
 

@@ -107,10 +107,13 @@ def _decode(data: bytes) -> pa.Table:
 
 
 def read_committed(store: ObjectStore, prefix: str, schema: pa.Schema | None = None,
-                   keys: list[str] | None = None) -> pa.Table:
-    """All committed shards under ``prefix`` (or just ``keys``, some of them) as one table; empty
-    with ``schema`` if none (without a schema: ``KeyError``)."""
+                   keys: list[str] | None = None, conform=None) -> pa.Table:
+    """All committed shards under ``prefix`` (or just ``keys``, some of them) as one table, each
+    through ``conform`` first when given (shards an older version wrote); empty with ``schema`` if
+    none (without a schema: ``KeyError``)."""
     tables = [read_shard(store, k) for k in (committed_shards(store, prefix) if keys is None else keys)]
+    if conform is not None:
+        tables = [conform(t) for t in tables]
     if not tables:
         if schema is None:
             raise KeyError(f"no committed shards under {prefix!r}")

@@ -2,7 +2,8 @@
 
 Stored as Parquet with ``SCHEMA``; ``source`` is ``explorer`` (usual experiences), ``expert``
 (demonstrations) or ``human`` (feedback). Token lists are unpadded; ``response_mask`` marks the
-tokens the policy is trained on (1) versus tokens it did not produce (0).
+tokens the policy is trained on (1) versus tokens it did not produce (0): an episode's response
+is every turn's ids in order, the model's (mask 1) and the environment's or tools' (mask 0).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
+TURN = pa.struct([("role", pa.string()), ("content", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
 SCHEMA = pa.schema(
     [
         pa.field("experience_id", pa.string(), nullable=False),
@@ -34,6 +36,12 @@ SCHEMA = pa.schema(
         pa.field("model_version", pa.int64()),
         pa.field("created_at", pa.timestamp("us", tz="UTC")),
         pa.field("info", pa.string()),
+        # episodes of a multi-turn workflow (null for a single answer): each turn's role (assistant,
+        # environment, tool), text and token span [start, end) in response_ids; the environment's
+        # reward after each assistant turn; the task's domain
+        pa.field("turns", pa.list_(TURN)),
+        pa.field("step_rewards", pa.list_(pa.float64())),
+        pa.field("domain", pa.string()),
     ]
 )
 COLUMNS = tuple(SCHEMA.names)
@@ -61,3 +69,18 @@ def make_experience(**fields: Any) -> dict[str, Any]:
 def to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     """Experience rows → an Arrow table with exactly ``SCHEMA``."""
     return pa.Table.from_pylist([dict(r) for r in rows], schema=SCHEMA)
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """A stored experience table as ``SCHEMA``: the columns an older version did not write added as
+    nulls (``turns``, ``step_rewards``, ``domain``), types cast to this version's (Parquet may name a
+    list's items differently); columns beyond the schema (a quarantined row's ``reason``) kept after."""
+    if table.schema.equals(SCHEMA):
+        return table
+    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+               for f in SCHEMA]
+    out = pa.Table.from_arrays(columns, schema=SCHEMA)
+    for name in table.column_names:
+        if name not in SCHEMA.names:
+            out = out.append_column(table.schema.field(name), table.column(name))
+    return out

@@ -1,7 +1,9 @@
 """Rollout engines: prompts → groups of sampled responses with their behaviour log-probs.
 
-Every engine has ``encode(prompt)``, ``generate(prompts, n=, max_new_tokens=, temperature=,
-greedy=)`` → groups of ``Rollout`` (token ids and each sampled token's log-prob), and
+Every engine has ``encode(prompt)``, ``generate_ids(prompt_ids, n=, max_new_tokens=, temperature=,
+greedy=)`` → groups of ``Rollout`` (token ids and each sampled token's log-prob; token in, token
+out, so a multi-turn workflow extends a context without re-tokenising it), ``generate(prompts, …)``
+(the same on text prompts' encodings), and
 ``load_state_dict(weights)``, which weight sync calls with the trainer's newest weights.
 
 - ``hf``: a transformers model in this process, a batched decode loop with a KV cache.
@@ -122,13 +124,17 @@ class HFRolloutEngine:
             ))
         return rollouts
 
-    def generate(
-        self, prompts: list[str], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
+    def generate(self, prompts: list[str], **sampling) -> list[list[Rollout]]:
+        """``generate_ids`` on the prompts' encodings."""
+        return self.generate_ids([self.encode(p) for p in prompts], **sampling)
+
+    def generate_ids(
+        self, encoded: list[list[int]], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
         greedy: bool = False,
     ) -> list[list[Rollout]]:
-        """``n`` responses per prompt (a group), sampled, or greedy when ``greedy``; at most
-        ``batch_size`` rows (and at least one group) per batch."""
-        encoded = [self.encode(p) for p in prompts]
+        """``n`` responses per prompt of token ids (a group), sampled, or greedy when ``greedy``; at
+        most ``batch_size`` rows (and at least one group) per batch. Token in, token out: a
+        rollout's ``prompt_ids`` are the ids given, its ``response_ids`` the ids sampled."""
         # Sort by prompt length so each batch pads little; restore order after.
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         per_batch = max(1, self.batch_size // n)
@@ -170,13 +176,17 @@ class OpenAIRolloutEngine:
             raise RuntimeError(f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:300]}")
         return response.json() if response.content else {}
 
-    def generate(
-        self, prompts: list[str], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
+    def generate(self, prompts: list[str], **sampling) -> list[list[Rollout]]:
+        """``generate_ids`` on the prompts' encodings."""
+        return self.generate_ids([self.encode(p) for p in prompts], **sampling)
+
+    def generate_ids(
+        self, encoded: list[list[int]], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
         greedy: bool = False,
     ) -> list[list[Rollout]]:
-        """``n`` responses per prompt (a group), sampled at ``temperature`` from the full
-        distribution (top_k/top_p off), or greedy when ``greedy``."""
-        encoded = [self.encode(p) for p in prompts]
+        """``n`` responses per prompt of token ids (a group), sampled at ``temperature`` from the
+        full distribution (top_k/top_p off), or greedy when ``greedy``. The server gets the ids, not
+        text, and returns ids: nothing is re-tokenised."""
         per_request = max(1, self.batch_size // n)
         groups: list[list[Rollout]] = []
         for start in range(0, len(encoded), per_request):
@@ -224,15 +234,18 @@ class VLLMRolloutEngine:
     def encode(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
 
-    def generate(
-        self, prompts: list[str], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
+    def generate(self, prompts: list[str], **sampling) -> list[list[Rollout]]:
+        """``generate_ids`` on the prompts' encodings."""
+        return self.generate_ids([self.encode(p) for p in prompts], **sampling)
+
+    def generate_ids(
+        self, encoded: list[list[int]], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
         greedy: bool = False,
     ) -> list[list[Rollout]]:
         from vllm import SamplingParams, TokensPrompt
 
         params = SamplingParams(n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
                                 top_p=1.0, top_k=-1, logprobs=0)
-        encoded = [self.encode(p) for p in prompts]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False)
         eos = self.tokenizer.eos_token_id
         groups = []
