@@ -65,14 +65,23 @@ class TasksetConfig(_Section):
     )
     question_key: str = Field("question", description="File tasksets: the column holding the question.")
     answer_key: str = Field("answer", description="File tasksets: the column holding the gold answer.")
+    workflow: Literal["single_turn", "multi_turn", "tool_use"] = Field(
+        "single_turn", description="How an agent works on a task (components.explore.workflows): `single_turn` one "
+        "response per task; `multi_turn` turns in a gymnasium text environment (`workflow.environment`); "
+        "`tool_use` turns with tool calls (`workflow.tools`) until a final answer.",
+    )
+    domain: str | None = Field(None, description="The tasks' domain, stored with each experience (`math`, `game`, "
+                               "`tools`, …; None: none recorded).")
 
 
 class RewardConfig(_Section):
     """How a response is scored against its task's answer."""
 
-    function: Literal["score_answer", "exact_match", "math_verify"] = Field(
+    function: Literal["score_answer", "exact_match", "math_verify", "env_return"] = Field(
         "score_answer",
-        description="`score_answer`: the reasoning-gym dataset's own verifier (exact match for file tasksets); "
+        description="`env_return`: an episode's return in its environment (the sum of its step rewards; "
+        "`multi_turn`); `score_answer`: the reasoning-gym dataset's own verifier (exact match for file tasksets; "
+        "for a `builtin:` taskset, its own); "
         "`exact_match`: 1 if the stripped response equals the gold answer; `math_verify`: 1 if the final answer of "
         "a free-form response equals the gold answer mathematically (math-verify).",
     )
@@ -242,6 +251,34 @@ class BenchConfig(_Section):
     )
 
 
+class WorkflowConfig(_Section):
+    """Limits and parts of multi-turn workflows (`taskset.workflow`: `multi_turn`, `tool_use`)."""
+
+    max_turns: int = Field(8, gt=0, description="Most model turns per episode; an episode still going then is "
+                           "cut (truncated), not failed.")
+    max_tokens: int = Field(512, gt=0, description="Token budget of an episode's response (every turn's tokens, "
+                            "the model's and the environment's): an episode that reaches it ends, truncated.")
+    timeout_seconds: float = Field(60.0, gt=0, description="Wall-clock limit of one environment step or tool call; "
+                                   "past it the episode is quarantined (environment) or the call returns an error "
+                                   "observation (tool).")
+    episode_seconds: float | None = Field(None, gt=0, description="Wall-clock limit of a round's episodes "
+                                          "(they step together): past it, the live ones end truncated and count "
+                                          "as `episode/timeouts`; None: no limit.")
+    environment: str = Field("builtin:guess_number", description="`multi_turn`: the environment, `builtin:<name>` "
+                             "or an import path `package.module:Class` of a gymnasium `Env` with text "
+                             "observations and actions (see components.explore.environments).")
+    env_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's "
+                                     "constructor.")
+    tools: list[str] = Field(default_factory=lambda: ["builtin:calculator"], description="`tool_use`: the tools, "
+                             "`builtin:<name>` or import paths `package.module:function` (a callable with a JSON "
+                             "schema in `function.schema`, or its signature and docstring).")
+    credit: Literal["final", "discounted"] = Field(
+        "final", description="How an episode's rewards become advantages: `final` the episode's return to every "
+        "model token; `discounted` each turn's discounted return from that turn on (gamma), group-normalised.",
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="`credit: discounted`: the discount per turn.")
+
+
 class EvalConfig(_Section):
     """Greedy evaluation on the held-out split."""
 
@@ -408,6 +445,7 @@ class CampaignConfig(_Section):
     explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)

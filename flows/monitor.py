@@ -9,7 +9,8 @@ is it, is it learning, which run is it" without opening anything:
   label is shown only on other tabs;
 - its **artifacts**, one card per kind, each made once and then updated: ``…-progress`` (rounds
   done), ``…-rounds`` (a table of every round's reward, loss, held-out accuracy, quarantined rows
-  and seconds per stage, from round 0, "before"), ``…-mlflow`` (a link to the MLflow run, when an
+  and seconds per stage, from round 0, "before"; with a multi-turn workflow also its episodes'
+  turns, success, tool calls, tool errors and timeouts), ``…-mlflow`` (a link to the MLflow run, when an
   MLflow server serves it) and ``…-summary`` (markdown at the end, or the one line on why it
   stopped). Keys are ``<label>-a<attempt>-<kind>``.
 
@@ -48,6 +49,9 @@ UPDATE_SECONDS = 5.0
 # column → MLflow metric of the round (blank where a round has none: accuracy between evaluations)
 COLUMNS = {"reward": "reward/mean", "loss": "loss/total", "accuracy": "accuracy/held_out",
            "quarantined": "verify/quarantined", **{f"{stage.value} s": f"time/{stage.value}_s" for stage in ROUND}}
+# and, for a multi-turn workflow, its episodes
+EPISODE_COLUMNS = {"turns": "episode/turns_mean", "success": "episode/success", "tool calls": "tool/calls",
+                   "tool errors": "tool/errors", "timeouts": "episode/timeouts"}
 TAG_PREFIXES = ("round ", "reward ", "accuracy ", "campaign ", "mlflow ", "model ")  # the tags this module owns
 
 
@@ -190,7 +194,8 @@ class UIMonitor:
         ``COLUMNS`` from the MLflow run's metrics of that step."""
         history = self.run.tracker.history
         done = [r for r in sorted(history) if r >= 1 and any(f"time/{s.value}_s" in history[r] for s in ROUND)]
-        return [{"round": r, **{col: _cell(history.get(r, {}).get(key)) for col, key in COLUMNS.items()}}
+        columns = COLUMNS if self.run.cfg.taskset.workflow == "single_turn" else {**COLUMNS, **EPISODE_COLUMNS}
+        return [{"round": r, **{col: _cell(history.get(r, {}).get(key)) for col, key in columns.items()}}
                 for r in ([0] if 0 in history else []) + done]
 
     @_best_effort

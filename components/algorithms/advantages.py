@@ -162,3 +162,36 @@ def gae_advantages(
         picked = advantages[mask.bool()]  # (N_tokens,)
         advantages = (advantages - picked.mean()) / (picked.std() + eps) * mask
     return advantages, returns
+
+
+def turn_returns(step_rewards: Sequence[float], turns: int, reward: float, gamma: float) -> list[float]:
+    """An episode's discounted return from each of its ``turns`` model turns on:
+    G_k = Σ_{j≥k} γ^{j−k} r_j, r_j the step reward after turn j (0 where none), and what the
+    episode's reward adds beyond its step rewards (a verifier's final score) at the last turn."""
+    r = [float(x) for x in step_rewards[:turns]] + [0.0] * max(0, turns - len(step_rewards))
+    if turns:
+        r[-1] += float(reward) - sum(float(x) for x in step_rewards)
+    returns, running = [0.0] * turns, 0.0
+    for k in range(turns - 1, -1, -1):
+        running = r[k] + gamma * running
+        returns[k] = running
+    return returns
+
+
+def discounted_turn_advantages(returns: Sequence[Sequence[float]], spans: Sequence[Sequence[tuple[int, int]]],
+                               group_ids: Sequence, width: int, *, eps: float = 1e-6) -> torch.Tensor:
+    """Token-level advantages of episodes from their turns' discounted returns (``turn_returns``):
+    A_{i,t} = (G_{i,k} − mean_g(G_{·,0})) / (std_g(G_{·,0}) + eps) on the tokens [start, end) of
+    model turn k, 0 elsewhere: GRPO's group baseline and scale on the episode returns G_0, each
+    turn credited with what followed it. With γ = 1 and one final reward this is GRPO's A_i on
+    every model token. returns/spans: per episode, per model turn. Returns (B, width)."""
+    episode_returns = torch.tensor([float(g[0]) if g else 0.0 for g in returns])  # (B,)
+    index, n_groups = _group_index(group_ids)
+    count, mean = _group_stats(episode_returns, index, n_groups)  # (G,), (G,)
+    sq = torch.zeros(n_groups).index_add_(0, index, (episode_returns - mean[index]) ** 2)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1.0))  # (G,)
+    out = torch.zeros(len(returns), width)
+    for i, (g, turn_spans) in enumerate(zip(returns, spans)):
+        for value, (start, end) in zip(g, turn_spans):
+            out[i, start:end] = (value - mean[index[i]]) / (std[index[i]] + eps)
+    return out

@@ -19,7 +19,7 @@ from rftflow.components.buffer.weights import WeightStore
 
 from rftflow.components.buffer.layout import open_run_store
 from rftflow.components.data.tasksets import Task, load_tasks
-from rftflow.components.verify import scoring
+from rftflow.components.explore.workflows import make_workflow
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.explore.models import load_model, resolve_model_path
 from rftflow.components.verify.rewards import make_reward_fn
@@ -101,7 +101,10 @@ def bench(checked: Preflight) -> dict[str, Any]:
     for index, ref in enumerate(cfg.bench.models):
         engine = eval_engine(ref, store, checked.tracking_uri, cfg)
         for source, tasks in tasksets.items():
-            accuracy = scoring.evaluate(engine, tasks, rewards[source], cfg.eval.max_new_tokens)["accuracy/held_out"]
+            workflow = make_workflow(cfg, engine.tokenizer, reward_fn=rewards[source],
+                                     context_limit=getattr(engine.model.config, "max_position_embeddings", None))
+            accuracy = workflow.evaluate(engine, tasks, rewards[source], cfg.reward.function,
+                                         cfg.eval.max_new_tokens)["accuracy/held_out"]
             rows.append({"model": ref, "taskset": source, "tasks": len(tasks), "accuracy": accuracy})
             tracker.log_metrics({f"bench/accuracy/{_metric_name(source)}": accuracy}, step=index)
     out.mkdir(parents=True, exist_ok=True)

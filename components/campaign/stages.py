@@ -37,7 +37,7 @@ from rftflow.components.data.contracts import ContractBounds, ContractError, che
 from rftflow.components.data.pipelines import run_pipeline
 from rftflow.components.data.report import ValidationEntry
 from rftflow.components.data.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
-from rftflow.components.explore import explorer
+from rftflow.components.explore.workflows import make_workflow, table_episode_metrics
 from rftflow.components.verify import scoring
 from rftflow.components.verify.check import check_round
 from rftflow.components.explore.engines import make_engine
@@ -100,11 +100,14 @@ class Campaign:
             explorer_model.to("cuda")  # decode where the trainer trains (the Trainer's Accelerator picks cuda too)
         engine = cfg.explorer if self.has_explorer else cfg.explorer.model_copy(update={"engine": "hf"})
         self.engine = make_engine(engine, explorer_model, self.tokenizer, cfg.model, seed=cfg.seed)
+        self.workflow = make_workflow(cfg, self.tokenizer, reward_fn=self.reward_fn,
+                                      context_limit=getattr(policy.config, "max_position_embeddings", None))
         self.trainer: Trainer | None = None
         self.sampler: Sampler | None = None
         if self.has_trainer:
             self.trainer = Trainer(policy, self.tokenizer.pad_token_id, cfg.trainer, self.algorithm,
-                                   temperature=cfg.explorer.temperature)
+                                   temperature=cfg.explorer.temperature, credit=cfg.workflow.credit,
+                                   gamma=cfg.workflow.gamma)
             self.sampler = Sampler(self.store, cfg.buffer, self.algorithm,
                                    micro_batch_size=cfg.trainer.micro_batch_size, epochs=cfg.trainer.epochs,
                                    round_rows=cfg.explorer.tasks_per_round * cfg.explorer.repeat_times,
@@ -144,8 +147,8 @@ class Campaign:
         train = tasks_from_table(train_table)
         if fresh:  # the rounds' tasks are these: no reading back what was just written (slow for large tasksets)
             self.__dict__["train_tasks"] = train
-        expert = explorer.expert_demonstrations(self.engine, train, campaign=cfg.name,
-                                                limit=cfg.taskset.expert_tasks or None)
+        expert = self.workflow.expert_table(self.engine, train, campaign=cfg.name,
+                                            limit=cfg.taskset.expert_tasks or None)
         verdict = check_experiences(expert, ContractBounds.of(cfg.contracts), kind="expert")
         self._record("expert contract", 0, expert.num_rows, verdict.quarantined)
         self.store.write_quarantine("expert", verdict.quarantined)  # kept even if the batch fails below
@@ -235,7 +238,7 @@ class Campaign:
             tasks = select_tasks(self.train_tasks, round_no, ex.tasks_per_round, self.cfg.seed,
                                  selector=ex.task_selector, batch=batches, pass_rates=rates,
                                  target=ex.curriculum_target)
-            tables.append(explorer.explore(
+            tables.append(self.workflow.explore(
                 self.engine, tasks, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
                 temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=self.weights.version,
                 first_slot=batches * ex.tasks_per_round))
@@ -251,7 +254,7 @@ class Campaign:
         lengths = pc.list_value_length(table.column("response_ids"))
         batched = {"rollout/batches": batches} if self.algorithm.dynamic_sampling else {}  # else always 1
         return {"explore/rows": table.num_rows, **batched,
-                "rollout/response_len": pc.mean(lengths).as_py() or 0.0}
+                "rollout/response_len": pc.mean(lengths).as_py() or 0.0, **table_episode_metrics(table)}
 
     def verify(self, round_no: int) -> dict[str, float]:
         """Score the rollouts, check the experience contract and run the experience pipeline
@@ -369,7 +372,8 @@ class Campaign:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy of the explorer's (latest synced) model on the held-out split."""
-        return scoring.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.eval.max_new_tokens)
+        return self.workflow.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.reward.function,
+                                      self.cfg.eval.max_new_tokens)
 
     # checkpoints -----------------------------------------------------------------------------
     def checkpoint(self, round_no: int, out: Path, **meta: Any) -> dict[str, Any]:

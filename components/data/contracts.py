@@ -18,7 +18,10 @@ reason names each broken rule:
   no null or negative token id, mask values 0 or 1, no non-finite log-prob; log-probs present and, like the mask,
   as long as the response; weight version in [0, current] (not from the future); every group
   has ``repeat_times`` distinct experiences; no experience id repeated (later copies are the bad
-  ones). A row that breaks a rule is quarantined alone: the rest of its group is kept.
+  ones); an episode's turns tile its response and its mask is 1 exactly on the model's turns
+  (``turns_consistent``); its environment did not fail (``episode_completed``: the reason then
+  starts ``episode failed: …``, the environment's error). A row that breaks a rule is quarantined
+  alone: the rest of its group is kept.
 - ``expert`` demonstrations and ``human`` feedback: the same, with source ``expert``/``human``,
   a non-empty response, log-probs optional and no group-size rule.
 - ``tasks``: the row parsed (valid UTF-8, JSON, an object); question, answer and prompt
@@ -27,6 +30,7 @@ reason names each broken rule:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections import Counter
@@ -235,7 +239,8 @@ def _flags(kind: str) -> tuple[str, ...]:
     """The per-row rules of an experience contract, each a flag that must be true; rule i is bit i
     of the frame's ``violations``."""
     flags = (*(f"{c}_present" for c in IDS), "source_matches", "round_valid", "reward_is_finite",
-             "token_lengths_consistent", "tokens_complete", "token_values_valid", "experience_id_is_first")
+             "token_lengths_consistent", "tokens_complete", "token_values_valid", "experience_id_is_first",
+             "turns_consistent", "episode_completed")
     return (*flags, "has_logprobs") if kind == "explorer" else flags
 
 
@@ -299,6 +304,9 @@ def _experience_frame(table: pa.Table, kind: str):
     (logprob_not_finite,) = _any_element(table.column("response_logprobs"), _not_finite)
     columns["tokens_complete"] = ~(prompt_null | response_null | mask_null | logprob_not_finite)
     columns["token_values_valid"] = ~(prompt_negative | response_negative | mask_not_binary)
+    columns["turns_consistent"] = _turns_consistent(table)
+    columns["episode_completed"] = np.array([episode_error(i) is None for i in table.column("info").to_pylist()],
+                                            dtype=bool)
     group_ids, experience_ids = table.column("group_id").to_pylist(), table.column("experience_id").to_pylist()
     seen: set = set()
     first = [not (e in seen or seen.add(e)) for e in experience_ids]
@@ -312,6 +320,38 @@ def _experience_frame(table: pa.Table, kind: str):
         violations |= (~columns.pop(flag)).astype(np.int64) << bit
     columns["violations"] = violations
     return pd.DataFrame(columns)  # at once: setting a column at a time copies the frame each time
+
+
+def episode_error(info: str | None) -> str | None:
+    """Why an episode's environment failed (its ``info["error"]``), or None."""
+    if not info or '"error"' not in info:
+        return None
+    try:
+        return json.loads(info).get("error")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _turns_consistent(table: pa.Table) -> np.ndarray:
+    """Per row: no ``turns`` (a single answer), or turns whose token spans tile the response in
+    order, and a mask that is 1 exactly on the ``assistant`` turns' tokens."""
+    ok = np.ones(table.num_rows, dtype=bool)
+    if "turns" not in table.column_names or table.column("turns").null_count == table.num_rows:
+        return ok
+    for i, (turns, ids, mask) in enumerate(zip(*(table.column(c).to_pylist() for c in
+                                                  ("turns", "response_ids", "response_mask")))):
+        if turns is None:
+            continue
+        position, expected = 0, []
+        for turn in turns:
+            if turn["start"] != position or turn["end"] < turn["start"]:
+                ok[i] = False
+                break
+            expected += [int(turn["role"] == "assistant")] * (turn["end"] - turn["start"])
+            position = turn["end"]
+        else:
+            ok[i] = position == len(ids or ()) and (mask is None or list(mask) == expected)
+    return ok
 
 
 def _task_frame(table: pa.Table):
@@ -374,6 +414,8 @@ def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds())
             if outside:  # name the columns outside their bounds on this row, and the rules it breaks
                 labels = [f"{expectation}({name})" for column, bad in outside.items() if bad[index]
                           for name in _broken(kind, column, frame.at[index, column])]
+                if f"{expectation}(episode_completed)" in labels:  # the environment's failure comes first
+                    labels.insert(0, f"episode failed: {episode_error(table.column('info')[index].as_py())}")
             elif kwargs["column"] == "parse_error":
                 labels = [f"{expectation}(parse_error): {frame.at[index, 'parse_error']}"]
             else:

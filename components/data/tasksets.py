@@ -1,4 +1,4 @@
-"""Tasksets: reasoning-gym generators or JSONL/Parquet files → a train split and a held-out eval split.
+"""Tasksets: reasoning-gym generators, built-in games and tool tasks, or JSONL/Parquet files → a train split and a held-out eval split.
 
 The eval split is disjoint from train by question text (no eval question ever appears in train).
 Task file rows are checked against the task contract (``validation``): bad rows are quarantined
@@ -22,6 +22,7 @@ from rftflow.components.config import ContractsConfig, TasksetConfig
 from rftflow.components.data.contracts import ContractBounds, ContractError, check, enforce
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
+BUILTIN_PREFIX = "builtin:"  # tasksets of the built-in environments and tools (components.explore.environments)
 TASK_SCHEMA = pa.schema(
     [
         pa.field("task_id", pa.string(), nullable=False),
@@ -172,8 +173,19 @@ def _file_candidates(path: Path, cfg: TasksetConfig) -> list[dict[str, Any]]:
 
 
 def _generated_candidates(cfg: TasksetConfig, seed: int, size: int) -> list[dict[str, Any]]:
-    """A reasoning-gym taskset as contract candidates, like a file's rows (``where`` = source#n)."""
-    tasks = reasoning_gym_tasks(cfg.source[len(REASONING_GYM_PREFIX):], cfg.params, size, seed, cfg.prompt_template)
+    """A generated taskset (reasoning-gym or built-in) as contract candidates, like a file's rows
+    (``where`` = source#n)."""
+    if cfg.source.startswith(BUILTIN_PREFIX):
+        from rftflow.components.explore.environments import builtin_task_entries
+
+        try:
+            entries = builtin_task_entries(cfg.source[len(BUILTIN_PREFIX):], cfg.params, size, seed)
+        except ValueError as e:
+            raise TasksetError(f"taskset {cfg.source}: {e}") from None
+        tasks = [_to_task(entry, cfg.prompt_template) for entry in entries]
+    else:
+        tasks = reasoning_gym_tasks(cfg.source[len(REASONING_GYM_PREFIX):], cfg.params, size, seed,
+                                    cfg.prompt_template)
     out = []
     for n, task in enumerate(tasks, start=1):
         out.append({"row": n, "where": f"{cfg.source}#{n}", "parse_error": None, "question": task.question,
@@ -210,7 +222,7 @@ def validated_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | 
     """The source's tasks that pass the task contract, and the quarantined rows (with ``reason``).
     More than ``contracts.max_bad_fraction`` bad rows: ``TasksetError`` naming the first ones."""
     contracts = contracts or ContractsConfig()
-    if cfg.source.startswith(REASONING_GYM_PREFIX):
+    if cfg.source.startswith((REASONING_GYM_PREFIX, BUILTIN_PREFIX)):
         candidates = _generated_candidates(cfg, seed, size or cfg.size)
     else:
         candidates = _file_candidates(Path(cfg.source), cfg)

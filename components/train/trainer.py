@@ -18,6 +18,7 @@ from accelerate import Accelerator
 from transformers import PreTrainedModel
 
 from rftflow.components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, get_loss, kl_penalty, regularized
+from rftflow.components.algorithms.advantages import discounted_turn_advantages, turn_returns
 from rftflow.components.config import TrainerConfig
 from rftflow.components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, packs,
                                       response_logits, response_logprobs)
@@ -27,13 +28,21 @@ from rftflow.components.train.optim import adamw, cosine
 Row = Mapping[str, Any]
 
 
+def _mask(row: Row, width: int) -> list[int]:
+    """A row's response mask (all ones when it has none), right-padded with 0 to ``width``."""
+    mask = row.get("response_mask")
+    mask = list(mask) if mask is not None else [1] * len(row["response_ids"])
+    return mask + [0] * (width - len(mask))
+
+
 class Trainer:
     """Owns the policy being trained, its optimizer and the step counter (and, when the algorithm
     needs them, a frozen reference model and a critic, both made when the RL rounds start)."""
 
     def __init__(self, model: PreTrainedModel, pad_id: int, trainer: TrainerConfig, algorithm: Algorithm,
-                 *, temperature: float = 1.0):
+                 *, temperature: float = 1.0, credit: str = "final", gamma: float = 1.0):
         self.cfg, self.algorithm, self.temperature, self.pad_id = trainer, algorithm, temperature, pad_id
+        self.credit, self.gamma = credit, gamma  # episodes' rewards → advantages (workflow.credit)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         optimizer = adamw(model.parameters(), trainer.lr, trainer.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
@@ -88,17 +97,20 @@ class Trainer:
             kl = self._per_token(explorer_rows, self._reference_kl)  # (n, R_max)
             metrics["reward/kl_penalised_mean"] = float((rewards - algo.kl_coef * kl.sum(-1)).mean())
         options = algo.advantage_options
+        if self.credit == "discounted" and not algo.needs_critic and any(r.get("turns") for r in explorer_rows):
+            return self._turn_advantages(rows, explorer_idx), {}, metrics
         if not algo.needs_critic:
             if kl is not None:
                 rewards = rewards - algo.kl_coef * kl.sum(-1)
             advantages = torch.zeros(len(rows))  # (N,)
             advantages[explorer_idx] = algo.advantage_fn(rewards, [r["group_id"] for r in explorer_rows], **options)
             return advantages, {}, metrics
-        # token-level (PPO): reward on the last response token, −β·KL_t on every token (veRL)
-        lengths = torch.tensor([len(r["response_ids"]) for r in explorer_rows])  # (n,)
-        mask = (torch.arange(int(lengths.max())) < lengths.unsqueeze(-1)).float()  # (n, R_max)
+        # token-level (PPO): reward on the last trained (mask 1) token, −β·KL_t on every token (veRL)
+        width_n = max(len(r["response_ids"]) for r in explorer_rows)
+        mask = torch.tensor([_mask(r, width_n) for r in explorer_rows], dtype=torch.float32)  # (n, R_max)
+        last = (mask * torch.arange(1, width_n + 1)).argmax(-1)  # (n,) index of the last 1
         token_rewards = torch.zeros_like(mask)
-        token_rewards[torch.arange(len(explorer_rows)), lengths - 1] = rewards
+        token_rewards[torch.arange(len(explorer_rows)), last] = rewards
         if kl is not None:
             token_rewards -= algo.kl_coef * kl
         old_values = self._per_token(explorer_rows, lambda _, batch: self.critic.values(batch))  # (n, R_max)
@@ -109,6 +121,22 @@ class Trainer:
             full[name][explorer_idx, :value.shape[1]] = value
         metrics["value/returns_mean"] = float(returns.sum() / mask.sum())
         return full.pop("advantages"), full, metrics
+
+    def _turn_advantages(self, rows: Sequence[Row], explorer_idx: list[int]) -> torch.Tensor:
+        """Token-level advantages of episodes, each model turn credited with its discounted return
+        (``discounted_turn_advantages``); (N, R_max), 0 on expert rows and on mask-0 tokens."""
+        width = max(len(r["response_ids"]) for r in rows)
+        returns, spans = [], []
+        for i in explorer_idx:
+            turns = [(t["start"], t["end"]) for t in rows[i].get("turns") or () if t["role"] == "assistant"]
+            if not turns:  # a single answer: one turn, the whole response
+                turns = [(0, len(rows[i]["response_ids"]))]
+            spans.append(turns)
+            returns.append(turn_returns(rows[i].get("step_rewards") or (), len(turns), rows[i]["reward"], self.gamma))
+        out = torch.zeros(len(rows), width)
+        out[explorer_idx] = discounted_turn_advantages(returns, spans, [rows[i]["group_id"] for i in explorer_idx],
+                                                       width)
+        return out
 
     @property
     def unwrapped(self) -> PreTrainedModel:

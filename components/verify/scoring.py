@@ -11,9 +11,13 @@ from rftflow.components.verify.rewards import RewardFn
 
 
 def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, reward_name: str) -> pa.Table:
-    """Fill ``reward`` and ``rewards`` by scoring each response against its task."""
-    rewards = [reward_fn(resp, tasks_by_id[tid]) for resp, tid in
-               zip(table.column("response").to_pylist(), table.column("task_id").to_pylist())]
+    """Fill ``reward`` and ``rewards`` by scoring each response against its task (``env_return``:
+    the episode's return, the sum of its step rewards)."""
+    if reward_name == "env_return":
+        rewards = [float(sum(steps or ())) for steps in table.column("step_rewards").to_pylist()]
+    else:
+        rewards = [reward_fn(resp, tasks_by_id[tid]) for resp, tid in
+                   zip(table.column("response").to_pylist(), table.column("task_id").to_pylist())]
     table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float64()))
     per_fn = pa.array([[(reward_name, r)] for r in rewards], table.schema.field("rewards").type)
     return table.set_column(table.schema.get_field_index("rewards"), "rewards", per_fn)

@@ -114,3 +114,28 @@ def test_vllm_engine_logprobs_agree_with_the_trainer(tiny):
     worst = max(abs(a - b) for r, theirs in zip(rollouts, _recomputed(model, rollouts, 1.0))
                 for a, b in zip(r.logprobs, theirs))
     assert worst < LOGPROB_TOLERANCE, worst
+
+
+@needs_server
+def test_multi_turn_episodes_on_the_openai_engine_match_the_trainers_logprobs(server, warm):
+    """Token in / token out through the server: each turn sends the episode's ids (the model's and
+    the environment's), and the log-probs of every model token agree with the trainer's
+    recomputation over the whole episode. The server first gets the warmed weights (a sync)."""
+    from rftflow.components.explore.engines import OpenAIRolloutEngine
+    from rftflow.components.explore.workflows import Sampling
+    from tests.components.conftest import GUESS, _setup
+
+    model, tokenizer = warm[0], warm[1]
+    engine = OpenAIRolloutEngine(server, "tiny", tokenizer)
+    engine.load_state_dict(model.state_dict())
+    _, _, workflow, tasks = _setup(warm, GUESS)
+    episodes = [e for g in workflow.run(tasks[:8], engine, n=4, sampling=Sampling(max_new_tokens=4)) for e in g]
+    assert sum(t["role"] == "user" for e in episodes for t in e.turns) > 8  # the environment spoke
+    worst = 0.0
+    with torch.no_grad():
+        for e in episodes:
+            ids = torch.tensor([e.prompt_ids + e.ids])
+            logits = model(ids).logits[0, len(e.prompt_ids) - 1:-1].float()
+            ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(e.ids)[:, None])[:, 0]
+            worst = max([worst, *(abs(float(a) - b) for a, b, m in zip(ours, e.logprobs, e.mask) if m)])
+    assert worst < LOGPROB_TOLERANCE, worst

@@ -1,0 +1,115 @@
+"""The workflow interface: tasks + engine → groups of episodes → experience rows.
+
+A workflow's ``run(tasks, engine, n=, …)`` returns, per task, ``n`` episodes (a GRPO group: the
+episodes of one task). ``explore`` turns them into experience rows, ``experts`` gives the expert
+episodes it can make (demonstrations), ``evaluate`` scores greedy episodes on held-out tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from rftflow.components.config import WorkflowConfig
+from rftflow.components.data.experience import experience_id, make_experience, to_table
+from rftflow.components.data.tasksets import Task
+from rftflow.components.explore.workflows.episodes import Episode
+
+
+@dataclass
+class Sampling:
+    max_new_tokens: int
+    temperature: float = 1.0
+    greedy: bool = False
+
+
+class Workflow:
+    """Base of the built-in workflows; subclasses implement ``run`` (and ``experts`` when they can)."""
+
+    name = "workflow"
+
+    def __init__(self, cfg: WorkflowConfig, tokenizer, *, chat_template: bool = False,
+                 domain: str | None = None, context_limit: int | None = None):
+        self.cfg, self.tokenizer, self.chat_template = cfg, tokenizer, chat_template
+        self.domain, self.context_limit = domain, context_limit
+
+    def run(self, tasks: list[Task], engine, *, n: int, sampling: Sampling) -> list[list[Episode]]:
+        raise NotImplementedError
+
+    def experts(self, tasks: list[Task], engine) -> list[Episode]:
+        """One expert episode per task this workflow can demonstrate (none by default)."""
+        return []
+
+    # rows ------------------------------------------------------------------------------------
+    def explore(self, engine, tasks: list[Task], *, campaign: str, round_no: int, repeat_times: int,
+                temperature: float, max_new_tokens: int, model_version: int, first_slot: int = 0) -> pa.Table:
+        """``repeat_times`` episodes per task (one group per task, ids numbered from ``first_slot``),
+        unscored (reward null)."""
+        groups = self.run(tasks, engine, n=repeat_times, sampling=Sampling(max_new_tokens, temperature))
+        rows = []
+        for slot, (task, group) in enumerate(zip(tasks, groups), start=first_slot):
+            group_id = f"r{round_no}-g{slot}-{task.task_id}"
+            for k, episode in enumerate(group):
+                rows.append(self.row(episode, experience_id(campaign, round_no, group_id, k), campaign=campaign,
+                                     round=round_no, group_id=group_id, source="explorer",
+                                     model_version=model_version))
+        return to_table(rows)
+
+    def expert_table(self, engine, tasks: list[Task], *, campaign: str, limit: int | None = None) -> pa.Table:
+        """The expert episodes of the first ``limit`` distinct tasks, as ``expert`` rows (reward 1)."""
+        distinct = list({t.task_id: t for t in tasks}.values())[:limit]
+        rows = [self.row(e, experience_id(campaign, "expert", e.task.task_id), campaign=campaign, round=0,
+                         group_id=f"expert-{e.task.task_id}", source="expert", model_version=0, reward=1.0,
+                         rewards={"expert": 1.0}, logprobs=False)
+                for e in self.experts(distinct, engine) if not e.error]
+        return to_table(rows)
+
+    def row(self, episode: Episode, exp_id: str, *, logprobs: bool = True, **fields) -> dict:
+        task = episode.task
+        return make_experience(
+            experience_id=exp_id, task_id=task.task_id, prompt=task.prompt, response=episode.text,
+            prompt_ids=episode.prompt_ids, response_ids=episode.ids,
+            response_logprobs=episode.logprobs if logprobs else None, response_mask=episode.mask,
+            info=episode.info(), turns=episode.turns, step_rewards=episode.step_rewards if episode.turns else None,
+            domain=self.domain, **fields)
+
+    # evaluation ------------------------------------------------------------------------------
+    def evaluate(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> dict[str, float]:
+        """Greedy episodes on ``tasks``: ``accuracy/held_out`` = share with reward ≥ 1 (the verifier on
+        the final answer, or the environment's return with ``env_return``), the mean reward, the share
+        that finished, the model turns and tool calls per episode."""
+        episodes = [g[0] for g in self.run(tasks, engine, n=1, sampling=Sampling(max_new_tokens, greedy=True))]
+        scores = [sum(e.step_rewards) if reward_name == "env_return" else reward_fn(e.text, e.task)
+                  for e in episodes]
+        done = [e.finished for e in episodes]
+        n = max(1, len(episodes))
+        return {"accuracy/held_out": sum(s >= 1.0 for s in scores) / n, "accuracy/reward_mean": sum(scores) / n,
+                "accuracy/finished": sum(done) / n,
+                "accuracy/of_finished": sum(s >= 1.0 and f for s, f in zip(scores, done)) / max(1, sum(done)),
+                "accuracy/turns_mean": sum(e.model_turns for e in episodes) / n,
+                "accuracy/tool_calls": sum(e.tool_calls for e in episodes) / n}
+
+
+def episode_metrics(infos: list[dict]) -> dict[str, float]:
+    """Over multi-turn episodes (their ``info``): ``episode/turns_mean``, ``episode/success`` (share),
+    ``episode/timeouts`` and ``episode/errors`` (counts), ``tool/calls`` and ``tool/errors`` (per
+    episode), ``episode/env_seconds`` (total time in the environment); {} for single answers."""
+    multi = [i for i in infos if "turns" in i]
+    if not multi:
+        return {}
+    n = len(multi)
+    return {f"episode/turns_mean": sum(i["turns"] for i in multi) / n,
+            f"episode/success": sum(bool(i["success"]) for i in multi) / n,
+            f"episode/timeouts": float(sum(bool(i["timed_out"]) for i in multi)),
+            f"episode/errors": float(sum("error" in i for i in multi)),
+            f"tool/calls": sum(i["tool_calls"] for i in multi) / n,
+            f"tool/errors": sum(i["tool_errors"] for i in multi) / n,
+            f"episode/env_seconds": sum(i["env_seconds"] for i in multi)}
+
+
+def table_episode_metrics(table: pa.Table) -> dict[str, float]:
+    """``episode_metrics`` of an experience table's rows (their ``info`` JSON)."""
+    import json
+
+    return episode_metrics([json.loads(i or "{}") for i in table.column("info").to_pylist()])

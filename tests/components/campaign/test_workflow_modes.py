@@ -1,0 +1,127 @@
+"""Every mode with a multi-turn workflow (the built-in guess-a-number game): both, async, an
+explorer and a trainer as two processes' roles on one store, bench; and a run SIGKILLed in the
+middle of its episodes resumes, redoing the round's episodes with no row twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow.compute as pc
+
+from rftflow.components.buffer.experiences import ExperienceStore
+from rftflow.components.buffer.layout import open_run_store
+from rftflow.components.campaign.bench import bench
+from rftflow.components.campaign.preflight import preflight
+from rftflow.components.campaign.run import CampaignRun
+
+GAME = ["taskset.source=builtin:guess_number", "taskset.workflow=multi_turn", "taskset.domain=game",
+        "taskset.prompt_template='guess {low}-{high}:'", "taskset.size=300", "taskset.eval_size=8",
+        "taskset.params={low: 1, high: 32}", "reward.function=env_return", "workflow.max_turns=4",
+        "explorer.max_new_tokens=4", "eval.max_new_tokens=4", "trainer.warmup_steps=20"]
+
+
+def _episodes_ok(store, rounds: list[int], per_round: int) -> None:
+    usual = store.read_kind("usual")
+    assert sorted(set(usual.column("round").to_pylist())) == rounds
+    assert usual.num_rows == len(set(usual.column("experience_id").to_pylist())) == per_round * len(rounds)
+    assert set(usual.column("domain").to_pylist()) == {"game"} and usual.column("turns").null_count == 0
+
+
+def test_both_and_async_run_episodes_and_log_their_metrics(tmp_path, default_config, small):
+    both = CampaignRun(preflight(default_config, tmp_path / "both", [*small, *GAME]))
+    summary = both.run()
+    _episodes_ok(both.campaign.store, [1, 2], 16)
+    history = both.tracker.client.get_metric_history(both.tracker.run_id, "episode/turns_mean")
+    assert [m.step for m in history] == [1, 2] and all(1 <= m.value <= 4 for m in history)
+    assert summary["eval_accuracy_after"] is not None
+    # DuckDB reads the turns column of the stored shards
+    shards = str(tmp_path / "both" / "store" / "arith-mix" / "experiences" / "usual" / "*" / "*.parquet")
+    roles = dict(duckdb.sql(f"SELECT u.t.role, count(*) FROM read_parquet('{shards}', hive_partitioning = true), "
+                            "unnest(turns) AS u(t) GROUP BY 1").fetchall())
+    assert roles["assistant"] >= 32 and set(roles) <= {"assistant", "user"}
+
+    run = CampaignRun(preflight(default_config, tmp_path / "async", [
+        *small, *GAME, "mode=async", "rounds=3", "sync.offset=1", "algorithm.max_staleness=1"]))
+    run.run()
+    _episodes_ok(run.campaign.store, [1, 2, 3], 16)
+    usual = run.campaign.store.read_kind("usual")
+    for r in (1, 2, 3):
+        versions = usual.filter(pc.equal(usual.column("round"), r)).column("model_version").to_pylist()
+        assert all(0 <= r - v <= 1 for v in versions)
+
+
+def test_an_explorer_and_a_trainer_alone_and_bench_run_episodes(tmp_path, default_config, small, warm):
+    two = ["sync.method=checkpoint", "rounds=2", "eval.every=2", "checkpoint.every=2",
+           f"storage.url={(tmp_path / 'store').as_uri()}"]
+    trainer = CampaignRun(preflight(default_config, tmp_path / "trainer", [*small, *GAME, *two, "mode=train"]))
+    steps = list(trainer.steps())
+    for step in steps[:4]:  # prepare, warm start, evaluate, checkpoint
+        trainer.do(step)
+    explorer = CampaignRun(preflight(default_config, tmp_path / "explorer",
+                                     [*small, *GAME, *two, "mode=explore", "sync.offset=2"]))
+    explorer.run()
+    _episodes_ok(explorer.campaign.store, [1, 2], 16)
+    for step in steps[4:]:
+        trainer.do(step)
+    assert trainer.campaign.policy_version == 3
+
+    summary = bench(preflight(default_config, tmp_path / "bench", [
+        *small, *GAME, "mode=bench", f"bench.models=[{warm[2]}, builtin:tiny]"]))
+    results = {r["model"]: r["accuracy"] for r in summary["results"]}
+    assert results[str(warm[2])] > results["builtin:tiny"]  # the warmed model plays; the untrained one cannot
+
+
+class SlowGuess:
+    """builtin:guess_number whose steps take ``delay`` s; from the ``after``-th episode made in this
+    process on, it touches ``marker`` at each step (the test kills the process then)."""
+
+    made = 0
+
+    def __new__(cls, delay: float = 0.0, marker: str = "", after: int = 0):
+        from rftflow.components.explore.environments import GuessNumberEnv
+
+        SlowGuess.made += 1
+        env, late = GuessNumberEnv(), SlowGuess.made > after
+        step = env.step
+
+        def slow_step(action):
+            if late and marker:
+                Path(marker).touch()
+            time.sleep(delay)
+            return step(action)
+
+        env.step = slow_step
+        return env
+
+
+def test_a_run_killed_mid_episode_resumes_and_redoes_the_episodes_without_duplicates(tmp_path, default_config,
+                                                                                      small):
+    marker = tmp_path / "in-round-2"
+    # round 1 makes 16 episodes (4 tasks x 4); the marker appears once round 2's episodes are stepping
+    overrides = [*small, *GAME, "rounds=3", "threads=1", f"workflow.environment={__name__}:SlowGuess",
+                 f"workflow.env_args={{delay: 0.2, marker: '{marker}', after: 16}}", "eval.every=3"]
+    script = ("import sys; from rftflow.components.campaign.preflight import preflight; "
+              "from rftflow.components.campaign.run import CampaignRun; "
+              f"CampaignRun(preflight({str(default_config)!r}, {str(tmp_path / 'run')!r}, sys.argv[1:])).run()")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    proc = subprocess.Popen([sys.executable, "-c", script, *overrides], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    done = subprocess.run([sys.executable, "-c", script, *overrides], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
+    checked = preflight(default_config, tmp_path / "run", overrides)
+    _episodes_ok(ExperienceStore(open_run_store(checked.cfg.storage, checked.run_dir), checked.cfg.name), [1, 2, 3], 16)

@@ -1,0 +1,62 @@
+"""Fixtures of the workflow tests: the built-in game and tool task, and a briefly warmed builtin:tiny."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rftflow.components.config import CampaignConfig
+from rftflow.components.data.tasksets import load_tasks
+from rftflow.components.explore.engines import HFRolloutEngine
+from rftflow.components.explore.workflows import make_workflow
+from rftflow.components.verify.rewards import make_reward_fn
+
+GUESS = {"taskset": {"source": "builtin:guess_number", "workflow": "multi_turn", "size": 64, "eval_size": 8,
+                     "prompt_template": "guess {low}-{high}:"},
+         "reward": {"function": "env_return"}, "workflow": {"max_turns": 5}}
+TOOLS = {"taskset": {"source": "builtin:calculator", "workflow": "tool_use", "size": 64, "eval_size": 8},
+         "workflow": {"max_turns": 3}}
+
+
+class RecordingEngine(HFRolloutEngine):
+    """The hf engine, keeping what each ``generate_ids`` call was given and returned."""
+
+    calls: list
+
+    def generate_ids(self, encoded, **sampling):
+        out = super().generate_ids(encoded, **sampling)
+        self.calls.append((copy.deepcopy(encoded), copy.deepcopy(out)))
+        return out
+
+
+@pytest.fixture(scope="session")
+def warm(tiny, tmp_path_factory):
+    """builtin:tiny after a few SFT steps on binary-search games: it answers with a number and EOS,
+    so its sampled episodes have environment turns. (model, tokenizer, its directory)"""
+    from rftflow.components.algorithms import resolve
+    from rftflow.components.config import TrainerConfig
+    from rftflow.components.train.trainer import Trainer
+
+    torch.manual_seed(0)
+    _, engine, workflow, tasks = _setup(tiny, GUESS)
+    rows = workflow.expert_table(engine, tasks, campaign="c").to_pylist()
+    trainer = Trainer(copy.deepcopy(tiny[0]), tiny[1].pad_token_id, TrainerConfig(micro_batch_size=16),
+                      resolve("sft"))
+    trainer.warm_start([rows[i:i + 16] for i in range(0, len(rows), 16)] * 10, 2e-3)
+    out = tmp_path_factory.mktemp("warm")
+    trainer.unwrapped.save_pretrained(out)
+    tiny[1].save_pretrained(out)
+    return trainer.unwrapped.eval(), tiny[1], out
+
+
+def _setup(tiny, config: dict):
+    cfg = CampaignConfig.model_validate(config)
+    engine = RecordingEngine(copy.deepcopy(tiny[0]), tiny[1])
+    engine.calls = []
+    reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
+    workflow = make_workflow(cfg, tiny[1], reward_fn=reward_fn, context_limit=256)
+    return cfg, engine, workflow, load_tasks(cfg.taskset, 0).train
+
+
