@@ -97,3 +97,34 @@ def test_group_ids_of_the_wrong_shape_are_refused_in_one_line():
         grpo_advantages(torch.zeros(4), torch.zeros(2, 2))
     with pytest.raises(ValueError, match=r"rewards must be \(B,\) with B = len\(group_ids\) = 3, got shape \(4,\)"):
         rloo_advantages(torch.zeros(4), [0, 0, 1])
+
+
+def test_discounted_turn_returns_credit_each_turn_with_what_followed_it():
+    from rftflow.components.algorithms.advantages import turn_returns
+
+    # step rewards after turns 0..2, γ = 0.5: G_2 = 1, G_1 = 0 + 0.5·1, G_0 = 0.25 + 0.5·0.5
+    assert turn_returns([0.25, 0.0, 1.0], 3, reward=1.25, gamma=0.5) == [0.5, 0.5, 1.0]
+    # a verifier's score beyond the step rewards lands on the last turn; missing steps are 0
+    assert turn_returns([], 2, reward=1.0, gamma=1.0) == [1.0, 1.0]
+
+
+def test_discounted_turn_advantages_with_one_final_reward_and_no_discount_are_grpos_on_every_model_token():
+    import torch
+
+    from rftflow.components.algorithms.advantages import discounted_turn_advantages, grpo_advantages, turn_returns
+
+    rewards, groups = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0], ["a", "a", "a", "b", "b", "b"]
+    spans = [[(0, 2), (5, 7)], [(0, 3)], [(0, 1), (4, 6), (8, 9)], [(0, 2)], [(0, 2), (3, 4)], [(0, 5)]]
+    returns = [turn_returns([], len(s), r, 1.0) for s, r in zip(spans, rewards)]
+    out = discounted_turn_advantages(returns, spans, groups, width=10)
+    grpo = grpo_advantages(torch.tensor(rewards), groups)
+    for i, turn_spans in enumerate(spans):
+        model = torch.zeros(10, dtype=torch.bool)
+        for start, end in turn_spans:
+            model[start:end] = True
+        assert torch.allclose(out[i][model], grpo[i].expand(int(model.sum())))
+        assert (out[i][~model] == 0).all()  # the environment's tokens get nothing
+    # with a discount, an earlier turn of a winning episode gets less than its last turn
+    discounted = discounted_turn_advantages([turn_returns([], 2, 1.0, 0.5), [0.0]], [[(0, 1), (2, 3)], [(0, 1)]],
+                                            ["g", "g"], width=3)
+    assert discounted[0, 0] < discounted[0, 2]
