@@ -2,7 +2,7 @@
 when it is measurably better.
 
 Both versions are evaluated on the same held-out tasks with the same greedy decoding
-(``scoring.greedy_scores``). The challenger is promoted when its accuracy beats the champion's by
+(the workflow's ``greedy_scores``). The challenger is promoted when its accuracy beats the champion's by
 at least ``promotion.margin`` and an exact one-sided McNemar test on the paired per-task results
 passes: with b = tasks only the champion solves and c = tasks only the challenger solves,
 p = P(X ≥ c), X ~ Binomial(b + c, 1/2) (``scipy.stats.binomtest``), and p < ``promotion.alpha``.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from rftflow.components.campaign.bench import BenchModelError, eval_engine, held_out
-from rftflow.components.verify import scoring
+from rftflow.components.explore.workflows import make_workflow
 from rftflow.components.verify.rewards import make_reward_fn
 from rftflow.components.campaign.preflight import Preflight
 
@@ -99,7 +99,10 @@ def promote(checked: Preflight, version: str | None = None) -> Decision:
 
     def solved(v: str) -> list[bool]:  # (a models:/ reference never reads the campaign's store)
         engine = eval_engine(f"models:/{name}/{v}", None, uri, cfg)
-        return [s >= 1.0 for s in scoring.greedy_scores(engine, tasks, reward_fn, cfg.eval.max_new_tokens)]
+        workflow = make_workflow(cfg, engine.tokenizer, reward_fn=reward_fn,
+                                 context_limit=getattr(engine.model.config, "max_position_embeddings", None))
+        return [s >= 1.0 for s in workflow.greedy_scores(engine, tasks, reward_fn, cfg.reward.function,
+                                                         cfg.eval.max_new_tokens)]
 
     if champion == challenger:
         decision = Decision(name, challenger, champion, float("nan"), None, 0, 0, None, False,

@@ -75,13 +75,23 @@ class Workflow:
             domain=self.domain, **fields)
 
     # evaluation ------------------------------------------------------------------------------
+    def greedy_episodes(self, engine, tasks: list[Task], max_new_tokens: int) -> list[Episode]:
+        return [g[0] for g in self.run(tasks, engine, n=1, sampling=Sampling(max_new_tokens, greedy=True))]
+
+    @staticmethod
+    def score(episode: Episode, reward_fn, reward_name: str) -> float:
+        """The episode's reward: the environment's return (``env_return``), else the verifier on its final answer."""
+        return sum(episode.step_rewards) if reward_name == "env_return" else reward_fn(episode.text, episode.task)
+
+    def greedy_scores(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> list[float]:
+        """The reward of each task's greedy episode, in task order (promotion compares these)."""
+        return [self.score(e, reward_fn, reward_name) for e in self.greedy_episodes(engine, tasks, max_new_tokens)]
+
     def evaluate(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> dict[str, float]:
-        """Greedy episodes on ``tasks``: ``accuracy/held_out`` = share with reward ≥ 1 (the verifier on
-        the final answer, or the environment's return with ``env_return``), the mean reward, the share
-        that finished, the model turns and tool calls per episode."""
-        episodes = [g[0] for g in self.run(tasks, engine, n=1, sampling=Sampling(max_new_tokens, greedy=True))]
-        scores = [sum(e.step_rewards) if reward_name == "env_return" else reward_fn(e.text, e.task)
-                  for e in episodes]
+        """Greedy episodes on ``tasks``: ``accuracy/held_out`` = share with reward ≥ 1 (``score``), the
+        mean reward, the share that finished, the model turns and tool calls per episode."""
+        episodes = self.greedy_episodes(engine, tasks, max_new_tokens)
+        scores = [self.score(e, reward_fn, reward_name) for e in episodes]
         done = [e.finished for e in episodes]
         n = max(1, len(episodes))
         return {"accuracy/held_out": sum(s >= 1.0 for s in scores) / n, "accuracy/reward_mean": sum(scores) / n,

@@ -35,3 +35,6 @@ class SingleTurn(Workflow):
 
     def evaluate(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> dict[str, float]:
         return scoring.evaluate(engine, tasks, reward_fn, max_new_tokens)
+
+    def greedy_scores(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> list[float]:
+        return scoring.greedy_scores(engine, tasks, reward_fn, max_new_tokens)

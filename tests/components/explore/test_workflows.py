@@ -226,3 +226,14 @@ def test_the_contract_rejects_a_mask_that_does_not_follow_the_turns(tiny):
     assert verdict.counts == {"rows": 3, "accepted": 1, "quarantined": 2}
     assert all("turns_consistent" in r for r in verdict.quarantined.column("reason").to_pylist())
     assert verdict.accepted.column("experience_id").to_pylist() == [rows[2]["experience_id"]]
+
+
+def test_greedy_scores_promotion_compares_are_the_episodes_returns(warm):
+    """Promotion counts solved held-out tasks from ``greedy_scores``: for a game, its return."""
+    from rftflow.components.verify.rewards import make_reward_fn
+
+    cfg, engine, workflow, tasks = _setup(warm, GUESS)
+    reward_fn = make_reward_fn("env_return", cfg.taskset.source)
+    scores = workflow.greedy_scores(engine, tasks[:16], reward_fn, "env_return", 4)
+    accuracy = workflow.evaluate(engine, tasks[:16], reward_fn, "env_return", 4)["accuracy/held_out"]
+    assert 0 < sum(s >= 1.0 for s in scores) == round(accuracy * 16)
