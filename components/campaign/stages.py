@@ -232,7 +232,7 @@ class Campaign:
             needed = self.needed_version(round_no)
             self._wait(lambda: self.weights.pull() >= needed, f"weights of version >= {needed} (the trainer's)")
         torch.manual_seed(self.cfg.seed * 1_000_003 + round_no)
-        tables, batches = [], 0
+        tables, batches, in_env = [], 0, 0.0
         rates = self.pass_rates() if ex.task_selector == "curriculum" else None
         while True:
             tasks = select_tasks(self.train_tasks, round_no, ex.tasks_per_round, self.cfg.seed,
@@ -242,7 +242,7 @@ class Campaign:
                 self.engine, tasks, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
                 temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=self.weights.version,
                 first_slot=batches * ex.tasks_per_round))
-            batches += 1
+            batches, in_env = batches + 1, in_env + self.workflow.env_wall_seconds
             if not self.algorithm.dynamic_sampling or batches == ex.max_explore_batches:
                 break
             scored = scoring.score(pa.concat_tables(tables), self.tasks_by_id, self.reward_fn,
@@ -254,7 +254,8 @@ class Campaign:
         lengths = pc.list_value_length(table.column("response_ids"))
         batched = {"rollout/batches": batches} if self.algorithm.dynamic_sampling else {}  # else always 1
         return {"explore/rows": table.num_rows, **batched,
-                "rollout/response_len": pc.mean(lengths).as_py() or 0.0, **table_episode_metrics(table)}
+                "rollout/response_len": pc.mean(lengths).as_py() or 0.0, **table_episode_metrics(table),
+                **({"time/environment_s": in_env} if self.cfg.taskset.workflow != "single_turn" else {})}
 
     def verify(self, round_no: int) -> dict[str, float]:
         """Score the rollouts, check the experience contract and run the experience pipeline

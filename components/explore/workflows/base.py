@@ -33,6 +33,7 @@ class Workflow:
                  domain: str | None = None, context_limit: int | None = None):
         self.cfg, self.tokenizer, self.chat_template = cfg, tokenizer, chat_template
         self.domain, self.context_limit = domain, context_limit
+        self.env_wall_seconds = 0.0  # of the last ``run``: wall-clock time in the environments' steps
 
     def run(self, tasks: list[Task], engine, *, n: int, sampling: Sampling) -> list[list[Episode]]:
         raise NotImplementedError

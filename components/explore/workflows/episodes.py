@@ -172,15 +172,16 @@ def finite_reward(value: Any) -> float:
 
 def run_episodes(engine, episodes: list[Episode], act: Callable[[Episode], None], *, max_turns: int,
                  max_tokens: int, max_new_tokens: int, temperature: float, greedy: bool,
-                 context_limit: int | None = None, episode_seconds: float | None = None) -> None:
+                 context_limit: int | None = None, episode_seconds: float | None = None) -> float:
     """Turns until every episode is done: each turn one batched generation over the live episodes'
     contexts (``n=1`` each), then ``act(episode)`` on each (in threads), which appends the
     environment's turn or ends the episode. Limits end an episode unfinished (truncated): a model
     turn cut at ``max_new_tokens``, ``max_turns`` model turns, ``max_tokens`` response tokens (checked
     before each turn, so the last turn may pass it), or no room left in the model's
     ``context_limit`` positions (a turn near it is generated with what room is left), or
-    ``episode_seconds`` of wall-clock time since the episodes started (counted as a timeout)."""
-    live, started = [e for e in episodes if not e.done], time.monotonic()
+    ``episode_seconds`` of wall-clock time since the episodes started (counted as a timeout).
+    Returns the wall-clock seconds spent in the environments' steps (all episodes' at once)."""
+    live, started, in_env = [e for e in episodes if not e.done], time.monotonic(), 0.0
     for _ in range(max_turns):
         budgets = {}
         out_of_time = episode_seconds is not None and time.monotonic() - started > episode_seconds
@@ -196,7 +197,7 @@ def run_episodes(engine, episodes: list[Episode], act: Callable[[Episode], None]
                 budgets[id(e)] = room
         live = [e for e in live if not e.done]
         if not live:
-            return
+            return in_env
         outs: dict[int, Rollout] = {}
         for room in sorted(set(budgets.values()), reverse=True):  # one batch, unless some near the end of context
             batch = [e for e in live if budgets[id(e)] == room]
@@ -211,11 +212,14 @@ def run_episodes(engine, episodes: list[Episode], act: Callable[[Episode], None]
                 e.end(False)  # cut mid-turn: nothing for the environment to act on
             else:
                 acting.append(e)
+        step_start = time.perf_counter()
         run_in_parallel([_timed(act, e) for e in acting])
+        in_env += time.perf_counter() - step_start
         live = [e for e in live if not e.done]
     for e in live:
         if not e.done:
             e.end(False)
+    return in_env
 
 
 def _timed(act: Callable[[Episode], None], episode: Episode) -> Callable[[], None]:

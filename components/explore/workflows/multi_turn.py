@@ -73,7 +73,7 @@ class MultiTurn(Workflow):
 
     def run(self, tasks: list[Task], engine, *, n: int, sampling: Sampling) -> list[list[Episode]]:
         groups = [[self.start(task, k, engine) for k in range(n)] for task in tasks]
-        run_episodes(engine, [e for g in groups for e in g], self.act, max_turns=self.cfg.max_turns,
+        self.env_wall_seconds = run_episodes(engine, [e for g in groups for e in g], self.act, max_turns=self.cfg.max_turns,
                      max_tokens=self.cfg.max_tokens, max_new_tokens=sampling.max_new_tokens,
                      temperature=sampling.temperature, greedy=sampling.greedy, context_limit=self.context_limit,
                      episode_seconds=self.cfg.episode_seconds)
