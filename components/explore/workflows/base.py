@@ -7,6 +7,7 @@ episodes it can make (demonstrations), ``evaluate`` scores greedy episodes on he
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -14,7 +15,8 @@ import pyarrow as pa
 from rftflow.components.config import WorkflowConfig
 from rftflow.components.data.experience import experience_id, make_experience, to_table
 from rftflow.components.data.tasksets import Task
-from rftflow.components.explore.workflows.episodes import Episode
+from rftflow.components.explore.engines import Rollout
+from rftflow.components.explore.workflows.episodes import Episode, run_episodes
 
 
 @dataclass
@@ -24,7 +26,7 @@ class Sampling:
     greedy: bool = False
 
 
-class Workflow:
+class Workflow(ABC):
     """Base of the built-in workflows; subclasses implement ``run`` (and ``experts`` when they can)."""
 
     name = "workflow"
@@ -35,12 +37,26 @@ class Workflow:
         self.domain, self.context_limit = domain, context_limit
         self.env_wall_seconds = 0.0  # of the last ``run``: wall-clock time in the environments' steps
 
+    @abstractmethod
     def run(self, tasks: list[Task], engine, *, n: int, sampling: Sampling) -> list[list[Episode]]:
-        raise NotImplementedError
+        """``n`` episodes per task (a group each), in task order."""
 
     def experts(self, tasks: list[Task], engine) -> list[Episode]:
         """One expert episode per task this workflow can demonstrate (none by default)."""
         return []
+
+    def step_episodes(self, groups: list[list[Episode]], engine, sampling: Sampling, act) -> list[list[Episode]]:
+        """``run_episodes`` over every episode of ``groups`` with this workflow's limits; the groups."""
+        self.env_wall_seconds = run_episodes(
+            engine, [e for g in groups for e in g], act, max_turns=self.cfg.max_turns, max_tokens=self.cfg.max_tokens,
+            max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, greedy=sampling.greedy,
+            context_limit=self.context_limit, episode_seconds=self.cfg.episode_seconds)
+        return groups
+
+    def expert_turn(self, episode: Episode, text: str) -> None:
+        """A demonstrated model turn: ``text`` and EOS (tokenised: an expert is not the engine)."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        episode.add_model_turn(Rollout(episode.context, ids, [0.0] * len(ids), text, True))
 
     # rows ------------------------------------------------------------------------------------
     def explore(self, engine, tasks: list[Task], *, campaign: str, round_no: int, repeat_times: int,

@@ -30,7 +30,7 @@ from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.engines import Rollout
 
 
-class EnvironmentError_(RuntimeError):
+class EpisodeFailure(RuntimeError):
     """The environment (or the episode's driver) failed; the message is the quarantine reason."""
 
 
@@ -164,9 +164,9 @@ def run_in_parallel(calls: list[Callable[[], None]]) -> None:
 
 
 def finite_reward(value: Any) -> float:
-    """A step reward as a float; ``EnvironmentError_`` for anything else (the environment returned garbage)."""
+    """A step reward as a float; ``EpisodeFailure`` for anything else (the environment returned garbage)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise EnvironmentError_(f"the environment returned a reward that is not a finite number: {value!r}")
+        raise EpisodeFailure(f"the environment returned a reward that is not a finite number: {value!r}")
     return float(value)
 
 
@@ -227,7 +227,7 @@ def _timed(act: Callable[[Episode], None], episode: Episode) -> Callable[[], Non
         start = time.perf_counter()
         try:
             act(episode)
-        except EnvironmentError_ as e:
+        except EpisodeFailure as e:
             episode.fail(str(e))
         except Exception as e:  # noqa: BLE001 — a failed step fails its episode, not the round
             episode.fail(f"the episode's step raised {type(e).__name__}: {e}")

@@ -12,11 +12,10 @@ from __future__ import annotations
 import hashlib
 
 from rftflow.components.data.tasksets import Task
-from rftflow.components.explore.engines import Rollout
 from rftflow.components.explore.environments import environment_factory
 from rftflow.components.explore.workflows.base import Sampling, Workflow
-from rftflow.components.explore.workflows.episodes import (ChatFormat, Episode, EnvironmentError_, call_with_timeout,
-                                                           finite_reward, run_episodes)
+from rftflow.components.explore.workflows.episodes import (ChatFormat, Episode, EpisodeFailure, call_with_timeout,
+                                                           finite_reward)
 
 
 class MultiTurn(Workflow):
@@ -33,7 +32,7 @@ class MultiTurn(Workflow):
         except TimeoutError:
             raise _Timeout(f"the environment's {what} did not return within {self.cfg.timeout_seconds:g} s") from None
         except Exception as e:  # noqa: BLE001 — the environment's fault, the episode's reason
-            raise EnvironmentError_(f"the environment's {what} raised {type(e).__name__}: {e}") from None
+            raise EpisodeFailure(f"the environment's {what} raised {type(e).__name__}: {e}") from None
 
     def start(self, task: Task, k: int, engine) -> Episode:
         episode = Episode(task, engine.encode(task.prompt), turns=[])
@@ -42,13 +41,13 @@ class MultiTurn(Workflow):
             seed = int(hashlib.sha256(f"{task.task_id}/{k}".encode()).hexdigest()[:8], 16)
             result = self._env_call(lambda: env.reset(seed=seed, options={"task": task.entry}), "reset")
             if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], str)):
-                raise EnvironmentError_(f"the environment's reset returned {result!r:.200}, not (text, info)")
+                raise EpisodeFailure(f"the environment's reset returned {result!r:.200}, not (text, info)")
             if result[0]:
                 episode.prompt_ids = engine.encode(f"{task.prompt}\n{result[0]}")
             episode.state = env
         except _Timeout as e:
             episode.fail(str(e), timed_out=True)
-        except EnvironmentError_ as e:
+        except EpisodeFailure as e:
             episode.fail(str(e))
         return episode
 
@@ -61,7 +60,7 @@ class MultiTurn(Workflow):
             return
         if not (isinstance(result, tuple) and len(result) == 5 and isinstance(result[0], str)
                 and isinstance(result[4], dict)):
-            raise EnvironmentError_(f"the environment's step returned {result!r:.200}, not "
+            raise EpisodeFailure(f"the environment's step returned {result!r:.200}, not "
                                     "(text, reward, terminated, truncated, info)")
         observation, reward, terminated, truncated, info = result
         episode.step_rewards.append(finite_reward(reward))
@@ -72,26 +71,22 @@ class MultiTurn(Workflow):
         episode.add_env_turn("user", observation, self.format.turn_ids("user", observation))
 
     def run(self, tasks: list[Task], engine, *, n: int, sampling: Sampling) -> list[list[Episode]]:
-        groups = [[self.start(task, k, engine) for k in range(n)] for task in tasks]
-        self.env_wall_seconds = run_episodes(engine, [e for g in groups for e in g], self.act, max_turns=self.cfg.max_turns,
-                     max_tokens=self.cfg.max_tokens, max_new_tokens=sampling.max_new_tokens,
-                     temperature=sampling.temperature, greedy=sampling.greedy, context_limit=self.context_limit,
-                     episode_seconds=self.cfg.episode_seconds)
-        return groups
+        return self.step_episodes([[self.start(task, k, engine) for k in range(n)] for task in tasks], engine,
+                                  sampling, self.act)
 
     def experts(self, tasks: list[Task], engine) -> list[Episode]:
-        """Episodes played by the environment's ``expert_action`` (none if it has none)."""
+        """Winning episodes played by the environment's ``expert_action`` (none if it has none)."""
         if not hasattr(self.make_env(), "expert_action"):
             return []
-        eos = self.tokenizer.eos_token_id
         episodes = []
         for task in tasks:
             episode = self.start(task, 0, engine)
             while not episode.done and episode.model_turns < self.cfg.max_turns:
-                action = episode.state.expert_action()
-                ids = self.tokenizer(action, add_special_tokens=False)["input_ids"] + [eos]
-                episode.add_model_turn(Rollout(episode.context, ids, [0.0] * len(ids), action, True))
-                self.act(episode)
+                self.expert_turn(episode, episode.state.expert_action())
+                try:
+                    self.act(episode)
+                except EpisodeFailure as e:
+                    episode.fail(str(e))
             if episode.success:
                 episodes.append(episode)
         return episodes

@@ -21,10 +21,9 @@ import json
 import re
 
 from rftflow.components.data.tasksets import Task
-from rftflow.components.explore.engines import Rollout
 from rftflow.components.explore.environments import tool_functions, tool_schema
 from rftflow.components.explore.workflows.base import Sampling, Workflow
-from rftflow.components.explore.workflows.episodes import ChatFormat, Episode, call_with_timeout, run_episodes
+from rftflow.components.explore.workflows.episodes import ChatFormat, Episode, call_with_timeout
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 HERMES_SYSTEM = (
@@ -95,16 +94,11 @@ class ToolUse(Workflow):
         episode.add_env_turn("tool", content, self.format.turn_ids("tool", content))
 
     def run(self, tasks: list[Task], engine, *, n: int, sampling: Sampling) -> list[list[Episode]]:
-        groups = [[Episode(task, self.prompt_ids(task, engine), turns=[]) for _ in range(n)] for task in tasks]
-        self.env_wall_seconds = run_episodes(engine, [e for g in groups for e in g], self.act, max_turns=self.cfg.max_turns,
-                     max_tokens=self.cfg.max_tokens, max_new_tokens=sampling.max_new_tokens,
-                     temperature=sampling.temperature, greedy=sampling.greedy, context_limit=self.context_limit,
-                     episode_seconds=self.cfg.episode_seconds)
-        return groups
+        return self.step_episodes([[Episode(task, self.prompt_ids(task, engine), turns=[]) for _ in range(n)]
+                                   for task in tasks], engine, sampling, self.act)
 
     def experts(self, tasks: list[Task], engine) -> list[Episode]:
         """For tasks whose ``metadata.tool_calls`` hold the right calls: those calls, then the gold answer."""
-        eos = self.tokenizer.eos_token_id
         episodes = []
         for task in tasks:
             calls = task.metadata.get("tool_calls")
@@ -112,8 +106,7 @@ class ToolUse(Workflow):
                 continue
             episode = Episode(task, self.prompt_ids(task, engine), turns=[])
             for text in [*(format_call(c) for c in calls), task.answer]:
-                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
-                episode.add_model_turn(Rollout(episode.context, ids, [0.0] * len(ids), text, True))
+                self.expert_turn(episode, text)
                 self.act(episode)
             if episode.success and not episode.tool_errors:
                 episodes.append(episode)
