@@ -43,6 +43,13 @@ def attention_pair_cost(model: PreTrainedModel) -> float:
     return 2 * layers * heads * head_dim / linear
 
 
+def padded_mask(row: Row, width: int) -> list[int]:
+    """A row's ``response_mask`` (all ones when it has none: every token trained), right-padded with 0 to ``width``."""
+    mask = row.get("response_mask")
+    mask = list(mask) if mask is not None else [1] * len(row["response_ids"])
+    return mask + [0] * (width - len(mask))
+
+
 def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float | None = PAIR_COST) -> dict[str, torch.Tensor]:
     """Rows with ``prompt_ids``, ``response_ids`` (and optional ``response_mask``) → padded tensors,
     and the packed layout when it costs less (``pair_cost``: the model's ``attention_pair_cost``;
@@ -53,11 +60,11 @@ def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float | None = PA
     R = max(len(r["response_ids"]) for r in rows)
     ids, attention, mask = [], [], []
     for r in rows:
-        p, resp, rmask = r["prompt_ids"], r["response_ids"], r.get("response_mask")
+        p, resp = r["prompt_ids"], r["response_ids"]
         left, right = P - len(p), R - len(resp)
         ids.append([pad_id] * left + list(p) + list(resp) + [pad_id] * right)
         attention.append([0] * left + [1] * (len(p) + len(resp)) + [0] * right)
-        mask.append((list(rmask) if rmask is not None else [1] * len(resp)) + [0] * right)
+        mask.append(padded_mask(r, R))
     input_ids = torch.tensor(ids, dtype=torch.long)  # (B, P+R)
     attention = torch.tensor(attention, dtype=torch.long)  # (B, P+R)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, P+R)

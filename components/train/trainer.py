@@ -20,19 +20,12 @@ from transformers import PreTrainedModel
 from rftflow.components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, get_loss, kl_penalty, regularized
 from rftflow.components.algorithms.advantages import discounted_turn_advantages, turn_returns
 from rftflow.components.config import TrainerConfig
-from rftflow.components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, packs,
+from rftflow.components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, packs, padded_mask,
                                       response_logits, response_logprobs)
 from rftflow.components.train.critic import Critic
 from rftflow.components.train.optim import adamw, cosine
 
 Row = Mapping[str, Any]
-
-
-def _mask(row: Row, width: int) -> list[int]:
-    """A row's response mask (all ones when it has none), right-padded with 0 to ``width``."""
-    mask = row.get("response_mask")
-    mask = list(mask) if mask is not None else [1] * len(row["response_ids"])
-    return mask + [0] * (width - len(mask))
 
 
 class Trainer:
@@ -107,7 +100,7 @@ class Trainer:
             return advantages, {}, metrics
         # token-level (PPO): reward on the last trained (mask 1) token, −β·KL_t on every token (veRL)
         width_n = max(len(r["response_ids"]) for r in explorer_rows)
-        mask = torch.tensor([_mask(r, width_n) for r in explorer_rows], dtype=torch.float32)  # (n, R_max)
+        mask = torch.tensor([padded_mask(r, width_n) for r in explorer_rows], dtype=torch.float32)  # (n, R_max)
         last = (mask * torch.arange(1, width_n + 1)).argmax(-1)  # (n,) index of the last 1
         token_rewards = torch.zeros_like(mask)
         token_rewards[torch.arange(len(explorer_rows)), last] = rewards

@@ -3,7 +3,7 @@
 - ``score_answer``: the reasoning-gym dataset's own verifier (``Dataset.score_answer``); for file
   tasksets, which have no verifier, exact match.
 - ``exact_match``: 1.0 if the stripped response equals the stripped gold answer, else 0.0.
-- ``env_return``: an episode's return in its environment (``scoring.score`` sums its step rewards).
+- ``env_return``: an episode's return in its environment (``scoring.reward_of`` sums its step rewards).
 - ``math_verify``: 1.0 if the final answer of a free-form response ("47 + 38 = 85.", "\\boxed{85}")
   equals the gold answer mathematically (the ``math-verify`` package: ``verify(parse(gold),
   parse(response))``), else 0.0. For chatty instruct models. When the gold answer is a number,
@@ -62,7 +62,7 @@ def make_reward_fn(name: str, taskset_source: str) -> RewardFn:
         return exact_match
     if name == "math_verify":
         return math_verify
-    if name == "env_return":  # scored from the episode's step rewards (``scoring.score``), not its text
+    if name == "env_return":  # scored from the episode's step rewards (``scoring.reward_of``), not its text
         return lambda response, task: 0.0
     if name == "score_answer":
         if not taskset_source.startswith(REASONING_GYM_PREFIX):

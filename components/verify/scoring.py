@@ -10,14 +10,19 @@ from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.verify.rewards import RewardFn
 
 
-def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, reward_name: str) -> pa.Table:
-    """Fill ``reward`` and ``rewards`` by scoring each response against its task (``env_return``:
-    the episode's return, the sum of its step rewards)."""
+def reward_of(response: str, step_rewards, task: Task, reward_fn: RewardFn, reward_name: str) -> float:
+    """A response's (or an episode's) reward: with ``env_return`` the episode's return in its
+    environment (the sum of its step rewards), else ``reward_fn`` on the (final) response."""
     if reward_name == "env_return":
-        rewards = [float(sum(steps or ())) for steps in table.column("step_rewards").to_pylist()]
-    else:
-        rewards = [reward_fn(resp, tasks_by_id[tid]) for resp, tid in
-                   zip(table.column("response").to_pylist(), table.column("task_id").to_pylist())]
+        return float(sum(step_rewards or ()))
+    return reward_fn(response, task)
+
+
+def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, reward_name: str) -> pa.Table:
+    """Fill ``reward`` and ``rewards`` by scoring each row against its task (``reward_of``)."""
+    steps = table.column("step_rewards").to_pylist() if reward_name == "env_return" else [None] * table.num_rows
+    rewards = [reward_of(resp, s, tasks_by_id[tid], reward_fn, reward_name) for resp, s, tid in
+               zip(table.column("response").to_pylist(), steps, table.column("task_id").to_pylist())]
     table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float64()))
     per_fn = pa.array([[(reward_name, r)] for r in rewards], table.schema.field("rewards").type)
     return table.set_column(table.schema.get_field_index("rewards"), "rewards", per_fn)

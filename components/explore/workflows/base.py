@@ -16,7 +16,8 @@ from rftflow.components.config import WorkflowConfig
 from rftflow.components.data.experience import experience_id, make_experience, to_table
 from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.engines import Rollout
-from rftflow.components.explore.workflows.episodes import Episode, run_episodes
+from rftflow.components.explore.workflows.episodes import ChatFormat, Episode, run_episodes
+from rftflow.components.verify.scoring import reward_of
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Workflow(ABC):
         self.cfg, self.tokenizer, self.chat_template = cfg, tokenizer, chat_template
         self.domain, self.context_limit = domain, context_limit
         self.env_wall_seconds = 0.0  # of the last ``run``: wall-clock time in the environments' steps
+        self.format = ChatFormat(tokenizer, chat_template)  # how the environment's turns become ids
 
     @abstractmethod
     def run(self, tasks: list[Task], engine, *, n: int, sampling: Sampling) -> list[list[Episode]]:
@@ -97,8 +99,8 @@ class Workflow(ABC):
 
     @staticmethod
     def score(episode: Episode, reward_fn, reward_name: str) -> float:
-        """The episode's reward: the environment's return (``env_return``), else the verifier on its final answer."""
-        return sum(episode.step_rewards) if reward_name == "env_return" else reward_fn(episode.text, episode.task)
+        """The episode's reward (``scoring.reward_of``: its return, or the verifier on its final answer)."""
+        return reward_of(episode.text, episode.step_rewards, episode.task, reward_fn, reward_name)
 
     def greedy_scores(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> list[float]:
         """The reward of each task's greedy episode, in task order (promotion compares these)."""

@@ -16,6 +16,7 @@ never scored as the policy's failure.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -108,11 +109,15 @@ class ChatFormat:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: bool):
         self.tokenizer, self.chat_template = tokenizer, chat_template
+        # the same observation recurs in every episode ("higher"): rendered and tokenised once
+        self._rendered = functools.lru_cache(maxsize=4096)(self._render)
 
     def turn_ids(self, role: str, content: str) -> list[int]:
-        if not self.chat_template:
-            return self.tokenizer(f"{content}\n", add_special_tokens=False)["input_ids"]
-        return self.tokenizer(self.turn_text(role, content), add_special_tokens=False)["input_ids"]
+        return list(self._rendered(role, content))
+
+    def _render(self, role: str, content: str) -> tuple[int, ...]:
+        text = self.turn_text(role, content) if self.chat_template else f"{content}\n"
+        return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def turn_text(self, role: str, content: str) -> str:
         tok = self.tokenizer

@@ -14,7 +14,7 @@ import hashlib
 from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.environments import environment_factory
 from rftflow.components.explore.workflows.base import Sampling, Workflow
-from rftflow.components.explore.workflows.episodes import (ChatFormat, Episode, EpisodeFailure, call_with_timeout,
+from rftflow.components.explore.workflows.episodes import (Episode, EpisodeFailure, call_with_timeout,
                                                            finite_reward)
 
 
@@ -24,7 +24,6 @@ class MultiTurn(Workflow):
     def __init__(self, cfg, tokenizer, **kwargs):
         super().__init__(cfg, tokenizer, **kwargs)
         self.make_env = environment_factory(cfg.environment, cfg.env_args)
-        self.format = ChatFormat(tokenizer, self.chat_template)
 
     def _env_call(self, fn, what: str):
         try:

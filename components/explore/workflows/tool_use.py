@@ -23,7 +23,7 @@ import re
 from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.environments import tool_functions, tool_schema
 from rftflow.components.explore.workflows.base import Sampling, Workflow
-from rftflow.components.explore.workflows.episodes import ChatFormat, Episode, call_with_timeout
+from rftflow.components.explore.workflows.episodes import Episode, call_with_timeout
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 HERMES_SYSTEM = (
@@ -45,7 +45,6 @@ class ToolUse(Workflow):
         super().__init__(cfg, tokenizer, **kwargs)
         self.tools = tool_functions(cfg.tools)
         self.schemas = [tool_schema(fn) for fn in self.tools.values()]
-        self.format = ChatFormat(tokenizer, self.chat_template)
         self.reward_fn = reward_fn
         template = getattr(tokenizer, "chat_template", None) or ""
         self.template_has_tools = "tools" in template
