@@ -256,6 +256,7 @@ class S3Store:
         self.max_concurrency = int(max_concurrency)
         self._lock = threading.Lock()
         self._client: Any = None
+        self._outage_since: float | None = None  # when the outage every thread is in began (monotonic)
 
     # -- construction, pickling, cleanup -------------------------------------------------------
 
@@ -264,11 +265,11 @@ class S3Store:
         return f"S3Store({self.url!r}{endpoint})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_client")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_client", "_outage_since")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock, self._client = threading.Lock(), None
+        self._lock, self._client, self._outage_since = threading.Lock(), None, None
 
     def close(self) -> None:
         """Close the HTTP connections; the store stays usable (a new client is made on next use)."""
@@ -349,32 +350,44 @@ class S3Store:
     def _outlasting(self, what: str, call: Callable[[], Any]) -> Any:
         """``call()``, tried again while the store refuses, resets, hangs (``try_timeout``),
         throttles or fails with 5xx, backing off up to 10 s, until ``outage_seconds`` have passed
-        since the first failed try began (the last try starts early enough to end by then, so the
-        wait is the budget within one ``try_timeout``); then ``StoreUnavailable`` with the time
-        waited. The first failure is logged at once. Every operation here is safe to repeat: puts write whole objects,
+        since the outage began (the last try starts early enough to end by then, so the wait is the
+        budget within one ``try_timeout``); then ``StoreUnavailable`` with the time waited.
+
+        One outage is shared by every thread using this store: it begins with the first failed try
+        anywhere, is logged once, and ends with the next success; a call that fails during it has
+        only the budget left. Every operation here is safe to repeat: puts write whole objects,
         and a put-if-absent repeated after its first try reached the store answers False, which
         callers treat as "already there"."""
-        started, tries = None, 0
+        tries = 0
         while True:
             began = time.monotonic()
             try:
-                return call()
+                result = call()
             except Exception as exc:  # noqa: BLE001 — sorted out by _transient
                 if not _transient(exc):
                     raise
-                started = started or began
+                with self._lock:
+                    first = self._outage_since is None
+                    if first:
+                        self._outage_since = began
+                    started = self._outage_since
                 waited = time.monotonic() - started
                 left = self.outage_seconds - waited
                 if left <= self.try_timeout:  # a try that hangs from now on would end past the budget
                     raise StoreUnavailable(
                         f"store {self.url} unavailable for {waited:.0f} s ({what}: {_describe(exc)}); "
                         "run the same command again once it is back") from None
-                if tries == 0:
+                if first:
                     log.warning("store %s: %s failed (%s); retrying for up to %.0f s", self.url, what,
                                 _describe(exc), self.outage_seconds)
                 pause = min(10.0, 0.5 * 2 ** tries) * (0.5 + random.random() / 2)
                 time.sleep(min(pause, left - self.try_timeout))  # the last try ends by the budget's end
                 tries += 1
+            else:
+                if self._outage_since is not None:
+                    with self._lock:
+                        self._outage_since = None
+                return result
 
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
         """Write ``data`` at ``key`` atomically; with ``if_absent`` only if absent (False if present).

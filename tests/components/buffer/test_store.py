@@ -268,6 +268,40 @@ def test_s3_retries_throttling_and_server_errors(s3_server, s3_bucket):
         assert not store.exists("k3")
 
 
+def test_threads_in_one_outage_share_its_budget_and_its_one_warning(s3_server, s3_bucket, caplog):
+    import time
+    from urllib.parse import urlsplit
+
+    from tests.faultproxy import FaultProxy
+
+    with FaultProxy(urlsplit(s3_server.endpoint_url).port) as proxy, \
+            open_store(f"s3://{s3_bucket}/outage", endpoint_url=proxy.endpoint_url, outage_seconds=6) as store:
+        store.put("k", b"v")
+        proxy.hang()
+        began = time.monotonic()
+
+        def late_get():  # joins the outage 2 s after it began: only the budget's rest is left to it
+            time.sleep(2)
+            with pytest.raises(StoreUnavailable):
+                store.get("k")
+            return time.monotonic() - began
+
+        with caplog.at_level(logging.WARNING, logger="rftflow.store"), ThreadPoolExecutor(2) as pool:
+            late = pool.submit(late_get)
+            with pytest.raises(StoreUnavailable):
+                store.get("k")
+            ended = [time.monotonic() - began, late.result()]
+        warnings = [r for r in caplog.records if "retrying for up to 6 s" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert max(ended) < 6 + 2 * store.try_timeout, ended  # not 2 s + a budget of its own
+        proxy.forward()
+        assert store.get("k") == b"v"  # the outage ends with a success; the next one is logged again
+        proxy.hang()
+        with caplog.at_level(logging.WARNING, logger="rftflow.store"), pytest.raises(StoreUnavailable):
+            store.get("k")
+        assert len([r for r in caplog.records if "retrying for up to 6 s" in r.getMessage()]) == 2
+
+
 def test_s3_secrets_never_appear_in_url_repr_pickle_errors_or_logs(s3_server, s3_bucket, monkeypatch, caplog):
     secret, token = "SECRET-sentinel-7f3a9c", "TOKEN-sentinel-1b2d4e"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)  # moto accepts any credentials
