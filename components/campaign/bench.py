@@ -22,7 +22,7 @@ from rftflow.components.data.tasksets import Task, load_tasks
 from rftflow.components.explore.workflows import make_workflow
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.explore.models import load_model, resolve_model_path
-from rftflow.components.verify.rewards import make_reward_fn
+from rftflow.components.verify.rewards import make_rewards
 from rftflow.components.campaign.preflight import Preflight
 from rftflow.components.tracking import Tracker
 
@@ -93,7 +93,7 @@ def bench(checked: Preflight) -> dict[str, Any]:
     store = WeightStore(open_run_store(cfg.storage, out), cfg.name)
     sources = cfg.bench.tasksets or [cfg.taskset.source]
     tasksets = {source: held_out(checked, source) for source in sources}
-    rewards = {source: make_reward_fn(cfg.reward.function, source) for source in sources}
+    rewards = {source: make_rewards(cfg.reward, cfg.taskset.model_copy(update={"source": source})) for source in sources}
     tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, f"{cfg.name}-bench",
                       artifact_root=out / "mlartifacts", tags={"campaign": cfg.name, "rftflow.mode": "bench"})
     tracker.log_params({"bench": cfg.bench.model_dump(), "seed": cfg.seed, "taskset.eval_size": cfg.taskset.eval_size})

@@ -37,6 +37,7 @@ from rftflow.components.secrets import redact_url
 from rftflow.components.config import CampaignConfig, ConfigError, load_config
 from rftflow.components.data.pipelines import check_pipeline
 from rftflow.components.data.tasksets import check_taskset
+from rftflow.components.verify.rewards import check_rewards
 from rftflow.components.explore.models import check_model_path
 from rftflow.components.tracking import is_tracking_server
 
@@ -101,6 +102,7 @@ def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = N
             raise ValueError(f"buffer.expert_per_round must be > 0 for {algorithm.name!r} (it trains on expert "
                              "rows only)")
         check_taskset(cfg.taskset, cfg.contracts)  # it reads the task file or generates a task
+        check_rewards(cfg.reward)  # the code reward's sandbox runs here
         previous = None if restart else _previous_state(cfg, out)
     except ConfigError:
         raise

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from rftflow.components.campaign.bench import BenchModelError, eval_engine, held_out
 from rftflow.components.explore.workflows import make_workflow
-from rftflow.components.verify.rewards import make_reward_fn
+from rftflow.components.verify.rewards import make_rewards
 from rftflow.components.campaign.preflight import Preflight
 
 ALIAS = "champion"
@@ -95,7 +95,7 @@ def promote(checked: Preflight, version: str | None = None) -> Decision:
     except MlflowException:
         champion = None
     tasks = held_out(checked, None)
-    reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
+    reward_fn = make_rewards(cfg.reward, cfg.taskset)
 
     def solved(v: str) -> list[bool]:  # (a models:/ reference never reads the campaign's store)
         engine = eval_engine(f"models:/{name}/{v}", None, uri, cfg)

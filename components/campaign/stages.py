@@ -42,7 +42,7 @@ from rftflow.components.verify import scoring
 from rftflow.components.verify.check import check_round
 from rftflow.components.explore.engines import make_engine
 from rftflow.components.explore.models import load_model
-from rftflow.components.verify.rewards import make_reward_fn
+from rftflow.components.verify.rewards import make_rewards
 from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync
 from rftflow.components.campaign.preflight import Preflight, preflight
 from rftflow.components.campaign.schedule import ROUND, Step, sync_due
@@ -90,7 +90,7 @@ class Campaign:
         self.store = store or ExperienceStore(open_run_store(cfg.storage, self.run_dir), cfg.name,
                                             write_behind=cfg.storage.write_behind)
         self.weight_store = WeightStore(self.store.objects, cfg.name)  # checkpoints and published weights
-        self.reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
+        self.reward_fn = make_rewards(cfg.reward, cfg.taskset)
         self.has_trainer, self.has_explorer = cfg.mode != "explore", cfg.mode != "train"
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
                                             dtype=cfg.model.dtype)

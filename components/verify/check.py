@@ -13,7 +13,7 @@ from rftflow.components.data.contracts import ContractBounds, Verdict, check_exp
 from rftflow.components.data.pipelines import run_pipeline
 from rftflow.components.data.tasksets import Task
 from rftflow.components.verify.rewards import RewardFn
-from rftflow.components.verify.scoring import score
+from rftflow.components.verify.scoring import score, unavailable_reasons
 
 
 @dataclass
@@ -43,7 +43,15 @@ def check_round(rollouts: pa.Table, tasks_by_id: dict[str, Task], reward_fn: Rew
     (``bounds``), and run ``pipeline`` (a list of operator steps; empty: none) on the rows it
     accepts."""
     scored = score(rollouts, tasks_by_id, reward_fn, reward_name)
+    unavailable = unavailable_reasons(scored)
+    if any(unavailable):  # the reward's infrastructure failed on these: quarantined, never scored 0 or 1
+        failed = pa.array([r is not None for r in unavailable])
+        cut = scored.filter(failed)
+        reasons = pa.array([f"reward unavailable: {r}" for r in unavailable if r is not None], pa.string())
+        scored = scored.filter(pc.invert(failed))
     verdict = check_experiences(scored, bounds)
+    if any(unavailable):
+        verdict = verdict.with_quarantined(cut.append_column("reason", reasons))
     accepted, rejected, dropped = verdict.accepted, verdict.quarantined, None
     if pipeline:
         result = run_pipeline("experiences", accepted, pipeline, seed=seed)

@@ -1,9 +1,13 @@
-"""Reward functions: response text + task → a score in [0, 1].
+"""Rewards: response text + task → a score in [0, 1], chosen per task by its domain (``Rewards``).
 
 - ``score_answer``: the reasoning-gym dataset's own verifier (``Dataset.score_answer``); for file
   tasksets, which have no verifier, exact match.
 - ``exact_match``: 1.0 if the stripped response equals the stripped gold answer, else 0.0.
 - ``env_return``: an episode's return in its environment (``scoring.reward_of`` sums its step rewards).
+- ``code``: the response's program against the task's tests in a sandbox (``verify.code``).
+- ``format``: 1 if the stripped response matches ``reward.format.pattern``; also mixed into every
+  reward by ``reward.format.weight``.
+- ``math``: ``math_verify`` on the answer after a GSM8K-style ``####`` when the response has one.
 - ``math_verify``: 1.0 if the final answer of a free-form response ("47 + 38 = 85.", "\\boxed{85}")
   equals the gold answer mathematically (the ``math-verify`` package: ``verify(parse(gold),
   parse(response))``), else 0.0. For chatty instruct models. When the gold answer is a number,
@@ -19,7 +23,9 @@ import logging
 import re
 from collections.abc import Callable
 
+from rftflow.components.config import RewardConfig, TasksetConfig
 from rftflow.components.data.tasksets import REASONING_GYM_PREFIX, Task
+from rftflow.components.verify.scores import RewardUnavailable, Score
 
 RewardFn = Callable[[str, Task], float]
 
@@ -56,19 +62,115 @@ def math_verify(response: str, task: Task) -> float:
     return float(verify(gold, answer, timeout_seconds=None))
 
 
-def make_reward_fn(name: str, taskset_source: str) -> RewardFn:
-    """The reward function ``name`` for tasks from ``taskset_source``."""
-    if name == "exact_match":
-        return exact_match
-    if name == "math_verify":
-        return math_verify
-    if name == "env_return":  # scored from the episode's step rewards (``scoring.reward_of``), not its text
-        return lambda response, task: 0.0
+def math_answer(response: str, task: Task) -> float:
+    """``math_verify`` on the answer after the response's last GSM8K-style ``####`` (the whole
+    response without one: math-verify finds a ``\\boxed{}`` or final number itself)."""
+    marker = response.rfind("####")
+    return math_verify(response[marker + 4:] if marker >= 0 else response, task)
+
+
+class FunctionReward:
+    """A reward computed in this process, one response at a time: ``fn(response, task) -> float``."""
+
+    def __init__(self, name: str, fn: RewardFn):
+        self.name, self.fn = name, fn
+
+    def score_many(self, responses: list[str], tasks: list[Task]) -> list[Score]:
+        return [Score(float(self.fn(r, t))) for r, t in zip(responses, tasks)]
+
+
+def format_reward(pattern: str) -> RewardFn:
+    compiled = re.compile(pattern, re.DOTALL)
+    return lambda response, task: float(compiled.fullmatch(response.strip()) is not None)
+
+
+def _reward(name: str, cfg: RewardConfig, taskset_source: str):
+    """The reward ``name`` (a ``FunctionReward`` or ``CodeReward``) for tasks from ``taskset_source``."""
+    if name == "code":
+        from rftflow.components.verify.code import CodeReward
+
+        return CodeReward(cfg.code)
+    if name == "format":
+        return FunctionReward(name, format_reward(cfg.format.pattern))
+    functions = {"exact_match": exact_match, "math_verify": math_verify, "math": math_answer,
+                 # scored from the episode's step rewards (``scoring.reward_of``), not its text
+                 "env_return": lambda response, task: 0.0}
+    if name in functions:
+        return FunctionReward(name, functions[name])
     if name == "score_answer":
         if not taskset_source.startswith(REASONING_GYM_PREFIX):
-            return exact_match
+            return FunctionReward(name, exact_match)
         import reasoning_gym
 
         verifier = reasoning_gym.get_score_answer_fn(taskset_source[len(REASONING_GYM_PREFIX):])
-        return lambda response, task: float(verifier(response.strip(), task.entry))
-    raise ValueError(f"unknown reward function {name!r}; known: score_answer, exact_match, math_verify")
+        return FunctionReward(name, lambda response, task: float(verifier(response.strip(), task.entry)))
+    raise ValueError(f"unknown reward function {name!r}")
+
+
+class Rewards:
+    """The campaign's rewards: each task scored by its domain's reward (``reward.domains``; a task's
+    ``domain`` field, else the taskset's), the default (``reward.function``) for the rest, with the
+    format reward mixed in by ``reward.format.weight``.
+
+    ``score_many`` gives a ``Score`` per response (None-valued where the reward's infrastructure
+    failed); calling it on one response gives its value and raises ``RewardUnavailable`` instead."""
+
+    def __init__(self, cfg: RewardConfig, taskset_source: str, taskset_domain: str | None = None):
+        self.name, self.default_domain, self.cfg = cfg.function, taskset_domain, cfg
+        names = {cfg.function, *cfg.domains.values()}
+        self.by_name = {n: _reward(n, cfg, taskset_source) for n in names}
+        self.format = format_reward(cfg.format.pattern) if cfg.format.weight > 0 else None
+
+    def reward_name(self, task: Task) -> str:
+        domain = task.metadata.get("domain") or self.default_domain
+        return self.cfg.domains.get(domain, self.name) if domain else self.name
+
+    def score_many(self, responses: list[str], tasks: list[Task]) -> list[Score]:
+        out: list[Score | None] = [None] * len(responses)
+        by_reward: dict[str, list[int]] = {}
+        for i, task in enumerate(tasks):
+            by_reward.setdefault(self.reward_name(task), []).append(i)
+        for name, rows in by_reward.items():
+            scores = self.by_name[name].score_many([responses[i] for i in rows], [tasks[i] for i in rows])
+            for i, score in zip(rows, scores):
+                out[i] = score
+        if self.format is not None:
+            w = self.cfg.format.weight
+            out = [s if s.value is None else Score((1 - w) * s.value + w * self.format(r, t), s.reason)
+                   for s, r, t in zip(out, responses, tasks)]
+        return out
+
+    def __call__(self, response: str, task: Task) -> float:
+        score = self.score_many([response], [task])[0]
+        if score.value is None:
+            raise RewardUnavailable(score.reason)
+        return score.value
+
+    def close(self) -> None:
+        for reward in self.by_name.values():
+            if hasattr(reward, "close"):
+                reward.close()
+
+
+def make_rewards(cfg: RewardConfig, taskset: TasksetConfig) -> Rewards:
+    """The rewards of a campaign whose tasks come from ``taskset``."""
+    return Rewards(cfg, taskset.source, taskset.domain)
+
+
+def check_rewards(cfg: RewardConfig) -> None:
+    """Fail fast (``ValueError``, one line) where a configured reward cannot work here: the code
+    reward's sandbox is set up and runs a trivial program (``reward.code.sandbox: none`` opts out)."""
+    if "code" not in {cfg.function, *cfg.domains.values()}:
+        return
+    from rftflow.components.verify.code import CodeReward
+    from rftflow.components.verify.sandbox import SandboxUnavailable
+
+    reward = CodeReward(cfg.code)
+    try:
+        reward.sandbox.check()
+    except SandboxUnavailable as e:
+        raise ValueError(f"reward.code: {e}") from None
+    finally:
+        reward.close()
+    if cfg.code.sandbox == "none":
+        logging.getLogger("rftflow").warning("reward.code.sandbox is none: programs run without a sandbox")

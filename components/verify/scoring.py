@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 
 from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.verify.rewards import RewardFn
+from rftflow.components.verify.scores import RewardUnavailable, Score
 
 
 def reward_of(response: str, step_rewards, task: Task, reward_fn: RewardFn, reward_name: str) -> float:
@@ -18,24 +21,56 @@ def reward_of(response: str, step_rewards, task: Task, reward_fn: RewardFn, rewa
     return reward_fn(response, task)
 
 
+def score_all(responses: list[str], tasks: list[Task], reward_fn) -> list[Score]:
+    """Each response's ``Score`` against its task: in one batch where the reward takes one
+    (``Rewards.score_many``: code runs on the sandbox pool), else one call each."""
+    if hasattr(reward_fn, "score_many"):
+        return reward_fn.score_many(responses, tasks)
+    return [Score(float(reward_fn(r, t))) for r, t in zip(responses, tasks)]
+
+
 def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, reward_name: str) -> pa.Table:
-    """Fill ``reward`` and ``rewards`` by scoring each row against its task (``reward_of``)."""
-    steps = table.column("step_rewards").to_pylist() if reward_name == "env_return" else [None] * table.num_rows
-    rewards = [reward_of(resp, s, tasks_by_id[tid], reward_fn, reward_name) for resp, s, tid in
-               zip(table.column("response").to_pylist(), steps, table.column("task_id").to_pylist())]
+    """Fill ``reward`` and ``rewards`` by scoring each row against its task (``reward_of``); a
+    score's reason goes into the row's ``info`` (``reward_reason``). A row whose reward could not be
+    computed gets a null reward and ``info.reward_unavailable`` (``unavailable_reasons``)."""
+    tasks = [tasks_by_id[tid] for tid in table.column("task_id").to_pylist()]
+    if reward_name == "env_return":
+        scores = [Score(reward_of("", s, t, reward_fn, reward_name))
+                  for s, t in zip(table.column("step_rewards").to_pylist(), tasks)]
+    else:
+        scores = score_all(table.column("response").to_pylist(), tasks, reward_fn)
+    rewards = [s.value for s in scores]
+    infos = table.column("info").to_pylist()
+    for i, s in enumerate(scores):
+        if s.reason is not None:
+            info = json.loads(infos[i] or "{}")
+            info["reward_unavailable" if s.value is None else "reward_reason"] = s.reason
+            infos[i] = json.dumps(info, sort_keys=True)
+    table = table.set_column(table.schema.get_field_index("info"), "info", pa.array(infos, pa.string()))
     table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float64()))
-    per_fn = pa.array([[(reward_name, r)] for r in rewards], table.schema.field("rewards").type)
+    per_fn = pa.array([None if r is None else [(reward_name, r)] for r in rewards], table.schema.field("rewards").type)
     return table.set_column(table.schema.get_field_index("rewards"), "rewards", per_fn)
+
+
+def unavailable_reasons(scored: pa.Table) -> list[str | None]:
+    """Per row of a ``score``d table: why its reward could not be computed, or None."""
+    return [json.loads(i).get("reward_unavailable") if i and "reward_unavailable" in i else None
+            for i in scored.column("info").to_pylist()]
 
 
 def greedy_scores(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int,
                   finished: list[bool] | None = None) -> list[float]:
     """The reward of each task's greedy response, in task order (and, into ``finished``, whether
-    each response ended with EOS within ``max_new_tokens``)."""
+    each response ended with EOS within ``max_new_tokens``). A reward that could not be computed
+    raises ``RewardUnavailable``: an evaluation is never scored on a failed sandbox or judge."""
     groups = engine.generate([t.prompt for t in tasks], n=1, max_new_tokens=max_new_tokens, greedy=True)
     if finished is not None:
         finished.extend(g[0].finished for g in groups)
-    return [reward_fn(g[0].text, t) for g, t in zip(groups, tasks)]
+    scores = score_all([g[0].text for g in groups], tasks, reward_fn)
+    failed = next((s for s in scores if s.value is None), None)
+    if failed is not None:
+        raise RewardUnavailable(f"evaluation: a reward could not be computed ({failed.reason})")
+    return [s.value for s in scores]
 
 
 def evaluate(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int) -> dict[str, float]:

@@ -11,7 +11,7 @@ from rftflow.components.config import CampaignConfig
 from rftflow.components.data.tasksets import load_tasks
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.explore.workflows import make_workflow
-from rftflow.components.verify.rewards import make_reward_fn
+from rftflow.components.verify.rewards import make_rewards
 
 GUESS = {"taskset": {"source": "builtin:guess_number", "workflow": "multi_turn", "size": 64, "eval_size": 8,
                      "prompt_template": "guess {low}-{high}:"},
@@ -55,7 +55,7 @@ def _setup(tiny, config: dict):
     cfg = CampaignConfig.model_validate(config)
     engine = RecordingEngine(copy.deepcopy(tiny[0]), tiny[1])
     engine.calls = []
-    reward_fn = make_reward_fn(cfg.reward.function, cfg.taskset.source)
+    reward_fn = make_rewards(cfg.reward, cfg.taskset)
     workflow = make_workflow(cfg, tiny[1], reward_fn=reward_fn, context_limit=256)
     return cfg, engine, workflow, load_tasks(cfg.taskset, 0).train
 

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from rftflow.components.config import TasksetConfig
-from rftflow.components.verify.rewards import make_reward_fn
+from rftflow.components.config import RewardConfig, TasksetConfig
+from rftflow.components.verify.rewards import make_rewards
 from rftflow.components.buffer.selectors import select_tasks
 from rftflow.components.data.tasksets import TasksetError, check_taskset, load_tasks
 
@@ -18,7 +19,7 @@ def test_reasoning_gym_splits_are_disjoint_and_templated():
     assert not {t.question for t in train} & {t.question for t in held_out}
     task = train[0]
     assert task.prompt == task.metadata["expression"] + " ="
-    reward = make_reward_fn("score_answer", ARITH["source"])
+    reward = make_rewards(RewardConfig(function="score_answer"), TasksetConfig(source=ARITH["source"]))
     assert reward(f" {task.answer} ", task) == 1.0 and reward("nonsense", task) < 1.0
 
 
@@ -70,3 +71,54 @@ def test_invalid_utf8_is_named_by_its_line_even_after_blank_lines(tmp_path):
     path.write_bytes(b'{"question": "1+1=", "answer": "2"}\n\n\n{"question": "\xff", "answer": "2"}\n')
     with pytest.raises(TasksetError, match=r"t\.jsonl:4: .*not valid UTF-8"):
         check_taskset(TasksetConfig(source=str(path)))
+
+
+def test_datasets_sources_csv_save_to_disk_with_splits_and_the_hub_only_when_allowed(tmp_path):
+    import datasets
+
+    from rftflow.components.data.tasksets import TasksetError, load_tasks
+
+    rows = [{"problem": f"what is {i} + {i}?", "solution": f"{i} + {i} = {2 * i}\n#### {2 * i:,}",
+             "subject": "math" if i % 2 else "arithmetic"} for i in range(600, 640)]
+    csv = tmp_path / "tasks.csv"
+    datasets.Dataset.from_list(rows).to_csv(csv)
+    keys = {"question_key": "problem", "answer_key": "solution", "domain_key": "subject", "answer_format": "gsm8k"}
+    from_csv = load_tasks(TasksetConfig(source=str(csv), eval_size=10, **keys), seed=0)
+    assert len(from_csv.train) == 30 and len(from_csv.held_out) == 10
+    task = next(t for t in from_csv.train + from_csv.held_out if t.question == "what is 601 + 601?")
+    assert task.answer == "1202" and task.metadata["domain"] == "math"  # "1,202" after ####: commas dropped
+
+    disk = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:30]),
+                          "test": datasets.Dataset.from_list(rows[30:])}).save_to_disk(disk)
+    split = load_tasks(TasksetConfig(source=str(disk), eval_split="test", eval_size=5, **keys), seed=0)
+    assert len(split.train) == 30 and len(split.held_out) == 5
+    assert {t.question for t in split.held_out} <= {r["problem"] for r in rows[30:]}
+    with pytest.raises(TasksetError, match=r"no split 'validation'; it has train, test"):
+        load_tasks(TasksetConfig(source=str(disk), split="validation", **keys), seed=0)
+    with pytest.raises(TasksetError, match=r"^taskset hf:openai/gsm8k:main: a hub dataset is downloaded only with "
+                                           r"taskset.allow_download: true"):
+        load_tasks(TasksetConfig(source="hf:openai/gsm8k:main"), seed=0)
+
+
+def test_answers_are_extracted_from_gsm8k_and_boxed_formats():
+    from rftflow.components.data.tasksets import extract_answer
+
+    assert extract_answer("3 + 4 = 7\n#### 1,007", "gsm8k") == "1007"
+    assert extract_answer("so \\boxed{\\frac{1}{2}} and then \\boxed{x^{2}}", "boxed") == "x^{2}"
+    assert extract_answer("no marker 42", "gsm8k") == "no marker 42"
+    assert extract_answer("#### 5", "raw") == "#### 5"
+
+
+def test_the_shipped_gsm8k_sample_scores_with_the_math_reward():
+    from rftflow.components.data.tasksets import load_tasks
+
+    cfg = TasksetConfig(source="data:gsm8k-sample", answer_format="gsm8k", eval_size=200,
+                        prompt_template="Question: {question}\nAnswer:")
+    taskset = load_tasks(cfg, seed=0)
+    assert len(taskset.held_out) == 200 and len(taskset.train) == 200
+    task = taskset.held_out[0]
+    assert task.answer.lstrip("-").replace(".", "").isdigit() and task.prompt.startswith("Question: ")
+    reward = make_rewards(RewardConfig(function="math"), cfg)
+    assert reward(f"It is {task.answer}.\n#### {task.answer}", task) == 1.0
+    assert reward(f"#### {task.answer}1", task) == 0.0

