@@ -90,7 +90,8 @@ class TasksetConfig(_Section):
                                "`tools`, …; None: none recorded).")
 
 
-RewardName = Literal["score_answer", "exact_match", "math_verify", "math", "code", "format", "env_return"]
+RewardName = Literal["score_answer", "exact_match", "math_verify", "math", "code", "judge", "reward_model", "format",
+                     "env_return"]
 
 
 class CodeRewardConfig(_Section):
@@ -110,6 +111,50 @@ class CodeRewardConfig(_Section):
     workers: int | None = Field(None, gt=0, description="Executions at once (None: one per core).")
     python: str | None = Field(None, description="The interpreter that runs programs (None: this Python's, or the "
                                "system's `python3` when the sandbox's user cannot reach it).")
+
+
+class JudgeRewardConfig(_Section):
+    """The `judge` reward: an LLM behind an OpenAI-compatible endpoint grades each response by a rubric
+    (components.verify.judge)."""
+
+    base_url: str | None = Field(None, description="The endpoint, e.g. `http://127.0.0.1:8000` (its `/v1/...` "
+                                 "routes are called).")
+    model: str | None = Field(None, description="The judge's model name at the endpoint.")
+    api_key_env: str | None = Field("RFTFLOW_JUDGE_API_KEY", description="The environment variable holding the "
+                                    "endpoint's API key (the key itself is never configured, logged or stored).")
+    endpoint: Literal["chat", "completions"] = Field("chat", description="`chat`: /v1/chat/completions with the "
+                                                     "rubric as the user message; `completions`: /v1/completions.")
+    rubric: str = Field(
+        "Grade the response to the question from 0 (wrong) to 10 (right).\nQuestion: {question}\n"
+        "Reference answer: {answer}\nResponse: {response}\nGrade (a number from 0 to 10):",
+        description="The judge's prompt: a format string over `question`, `answer` (gold) and `response`; the last "
+        "integer of its reply is the score.")
+    max_score: int = Field(10, gt=0, description="The rubric's top score; the reward is score / max_score.")
+    guided: bool = Field(False, description="Ask the server to constrain the reply to a score (vLLM's "
+                         "`structured_outputs` regex).")
+    max_tokens: int = Field(16, gt=0, description="The judge's longest reply, in tokens.")
+    timeout_seconds: float = Field(30.0, gt=0, description="One request's timeout.")
+    retries: int = Field(3, ge=0, description="Tries after the first, with back-off, before the rows are quarantined.")
+    backoff_seconds: float = Field(1.0, ge=0, description="The first retry's wait; doubled each time, at most 8 s.")
+    concurrency: int = Field(4, gt=0, description="Requests in flight at once.")
+
+    @field_validator("rubric")
+    @classmethod
+    def _rubric_fields(cls, rubric: str) -> str:
+        try:
+            rubric.format(question="", answer="", response="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"reward.judge.rubric: fields are question, answer and response ({type(e).__name__}: {e})")
+        return rubric
+
+
+class RewardModelConfig(_Section):
+    """The `reward_model` reward: a Hugging Face sequence-classification model scores (prompt, response)
+    (components.verify.reward_model)."""
+
+    path: str | None = Field(None, description="A local model directory (AutoModelForSequenceClassification).")
+    batch_size: int = Field(16, gt=0, description="Pairs scored per forward pass.")
+    max_length: int = Field(512, gt=0, description="Longest (prompt, response) pair, in tokens (longer: truncated).")
 
 
 class FormatRewardConfig(_Section):
@@ -133,13 +178,18 @@ class RewardConfig(_Section):
         "tasksets; for a `builtin:` taskset, its own); `exact_match`: 1 if the stripped response equals the gold "
         "answer; `math_verify`: 1 if the final answer of a free-form response equals the gold answer mathematically "
         "(math-verify); `math`: the same after taking the answer after a GSM8K `####` if there is one; `code`: the "
-        "response's program passes the task's tests in a sandbox (`reward.code`); `format`: the pattern "
-        "`reward.format.pattern`.",
+        "response's program passes the task's tests in a sandbox (`reward.code`); `judge`: an LLM's grade by a rubric "
+        "(`reward.judge`); `reward_model`: a sequence-classification model's score (`reward.reward_model`); "
+        "`format`: the pattern `reward.format.pattern`.",
     )
     domains: dict[str, RewardName] = Field(
         default_factory=dict, description="The reward of each domain, e.g. `{math: math, code: code}`; tasks of other "
         "domains get `function`.")
     code: CodeRewardConfig = Field(default_factory=CodeRewardConfig, description="The `code` reward's sandbox and limits.")
+    judge: JudgeRewardConfig = Field(default_factory=JudgeRewardConfig, description="The `judge` reward's endpoint "
+                                     "and rubric.")
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig,
+                                            description="The `reward_model` reward's model.")
     format: FormatRewardConfig = Field(default_factory=FormatRewardConfig,
                                        description="The `format` reward's pattern and its weight in every reward.")
 

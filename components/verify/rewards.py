@@ -5,6 +5,8 @@
 - ``exact_match``: 1.0 if the stripped response equals the stripped gold answer, else 0.0.
 - ``env_return``: an episode's return in its environment (``scoring.reward_of`` sums its step rewards).
 - ``code``: the response's program against the task's tests in a sandbox (``verify.code``).
+- ``judge``: an LLM's grade by a rubric, through an OpenAI-compatible endpoint (``verify.judge``).
+- ``reward_model``: a sequence-classification model's score of (prompt, response) (``verify.reward_model``).
 - ``format``: 1 if the stripped response matches ``reward.format.pattern``; also mixed into every
   reward by ``reward.format.weight``.
 - ``math``: ``math_verify`` on the answer after a GSM8K-style ``####`` when the response has one.
@@ -90,6 +92,14 @@ def _reward(name: str, cfg: RewardConfig, taskset_source: str):
         from rftflow.components.verify.code import CodeReward
 
         return CodeReward(cfg.code)
+    if name == "judge":
+        from rftflow.components.verify.judge import JudgeReward
+
+        return JudgeReward(cfg.judge)
+    if name == "reward_model":
+        from rftflow.components.verify.reward_model import RewardModelReward
+
+        return RewardModelReward(cfg.reward_model)
     if name == "format":
         return FunctionReward(name, format_reward(cfg.format.pattern))
     functions = {"exact_match": exact_match, "math_verify": math_verify, "math": math_answer,

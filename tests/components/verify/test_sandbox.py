@@ -32,7 +32,16 @@ def _score(reward, program: str, task: Task = ADD):
 
 
 def _processes() -> int:
-    return sum(name.isdigit() for name in os.listdir("/proc"))
+    """The host's processes of the sandbox's user (nobody: CI runs as root), wherever they run."""
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                uid = next(line for line in f if line.startswith("Uid:")).split()[1]
+        except (OSError, StopIteration):
+            continue
+        count += uid == "65534"
+    return count
 
 
 def test_a_correct_program_scores_1_and_wrong_ones_0_with_their_reason(reward):
@@ -58,6 +67,7 @@ def test_an_infinite_loop_and_unbounded_allocation_score_0_within_their_limits(r
 
 def test_a_fork_bomb_scores_0_and_leaves_no_process_behind(reward):
     before = _processes()
+    assert os.geteuid() == 0 or pytest.skip("the sandbox runs as nobody only when started as root")
     bomb = _score(reward, "    import os\n    while True:\n        try:\n            os.fork()\n"
                           "        except OSError:\n            pass\nadd(1, 2)\n")
     assert bomb.value == 0.0

@@ -1,0 +1,100 @@
+"""The `judge` reward: an LLM behind any OpenAI-compatible endpoint grades each response by a rubric.
+
+The rubric (``reward.judge.rubric``) is a format string over ``question``, ``answer`` (the gold
+answer, possibly empty) and ``response``; the judge's reply is read for its last integer, which
+must lie in [0, ``max_score``]; the reward is that score / ``max_score``. With ``guided`` the
+request asks the server to constrain the reply to the score (vLLM's ``structured_outputs``
+regex), so that even a small judge answers in the format.
+
+Each request has a timeout and is retried with exponential back-off; a judge that stays down, keeps
+timing out, or answers without a score is an infrastructure failure (``Score(None, reason)``): the
+row is quarantined, never scored 0 or 1. Results are cached by (prompt, response). The API key is
+read from the environment variable ``api_key_env`` and sent only as the request's bearer token: it
+is never logged or stored (``reward.judge`` holds the variable's name, not the key).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from rftflow.components.data.tasksets import Task
+from rftflow.components.verify.scores import Score
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+class JudgeReward:
+    name = "judge"
+
+    def __init__(self, settings) -> None:
+        if not settings.base_url or not settings.model:
+            raise ValueError("reward.judge.base_url and reward.judge.model are needed by the judge reward")
+        self.settings = settings
+        self._cache: dict[tuple[str, str], Score] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="rftflow-judge")
+        self._client = None
+
+    def _http(self):
+        import httpx
+
+        if self._client is None:
+            key = os.environ.get(self.settings.api_key_env or "", "")
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            self._client = httpx.Client(base_url=self.settings.base_url.rstrip("/"), headers=headers,
+                                        timeout=self.settings.timeout_seconds)
+        return self._client
+
+    def _request(self, prompt: str) -> str:
+        s = self.settings
+        guided = {"structured_outputs": {"regex": rf"[0-9]{{1,{len(str(s.max_score))}}}"}} if s.guided else {}
+        if s.endpoint == "chat":
+            body = {"model": s.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+                    "max_tokens": s.max_tokens, **guided}
+            reply = self._http().post("/v1/chat/completions", json=body)
+            reply.raise_for_status()
+            return reply.json()["choices"][0]["message"]["content"] or ""
+        body = {"model": s.model, "prompt": prompt, "temperature": 0, "max_tokens": s.max_tokens, **guided}
+        reply = self._http().post("/v1/completions", json=body)
+        reply.raise_for_status()
+        return reply.json()["choices"][0]["text"] or ""
+
+    def _grade(self, prompt: str) -> Score:
+        s, last = self.settings, ""
+        for attempt in range(s.retries + 1):
+            try:
+                text = self._request(prompt)
+            except Exception as e:  # noqa: BLE001 — a refused, reset, timed-out or 5xx request: tried again
+                last = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                if attempt < s.retries:
+                    time.sleep(min(8.0, s.backoff_seconds * 2 ** attempt))
+                continue
+            numbers = [int(n) for n in _INTEGER.findall(text)]
+            if numbers and 0 <= numbers[-1] <= s.max_score:
+                return Score(numbers[-1] / s.max_score)
+            return Score(None, f"judge {s.model} answered without a score in [0, {s.max_score}]: {text.strip()[:80]!r}")
+        return Score(None, f"judge {s.base_url} unavailable after {s.retries + 1} tries ({last})")
+
+    def _one(self, response: str, task: Task) -> Score:
+        key = (task.prompt, response)
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+        prompt = self.settings.rubric.format(question=task.question, answer=task.answer, response=response)
+        score = self._grade(prompt)
+        if score.value is not None:  # a failure is not remembered: the next round asks again
+            with self._lock:
+                self._cache[key] = score
+        return score
+
+    def score_many(self, responses: list[str], tasks: list[Task]) -> list[Score]:
+        return list(self._pool.map(self._one, responses, tasks))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._client is not None:
+            self._client.close()
