@@ -167,6 +167,19 @@ class FormatRewardConfig(_Section):
                           "(1 − weight) · domain reward + weight · format reward (0: not mixed in).")
 
 
+class MixturePart(_Section):
+    """One taskset of a mixture: its name, its weight in each round, its taskset (keys over the
+    campaign's `taskset`), and optionally its own reward."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="The taskset's name in metrics "
+                      "(`reward/<name>/mean`, `accuracy/<name>/held_out`) and promotion tags.")
+    weight: float = Field(gt=0, description="Its share of each round's tasks (weights are normalised).")
+    taskset: dict[str, Any] = Field(default_factory=dict, description="`taskset` keys for this part (source, "
+                                    "params, prompt_template, eval_size, workflow, domain, …) over the campaign's.")
+    reward: RewardName | None = Field(None, description="This part's reward (None: by its tasks' domain, "
+                                      "`reward.domains`, else `reward.function`).")
+
+
 class RewardConfig(_Section):
     """How a response is scored: a reward per domain (a task's `domain` field, or the taskset's), the
     default for the others, and each reward's settings."""
@@ -525,6 +538,9 @@ class PromotionConfig(_Section):
                          "McNemar test on paired per-task results.")
     min_accuracy: float = Field(0.5, ge=0, le=1, description="`rftflow promote`: with no champion yet, the least "
                                 "accuracy for the first version to become champion.")
+    max_regression: float = Field(0.05, ge=0, le=1, description="A mixture: a challenger whose held-out accuracy "
+                                  "on any taskset falls more than this below the champion's is not promoted, whatever "
+                                  "its overall accuracy.")
     after_campaign: bool = Field(True, description="Run the promotion on the campaign's registered version as its "
                                  "last step (`promote[r=<rounds>]`); `rftflow promote` runs it on demand.")
 
@@ -556,6 +572,10 @@ class CampaignConfig(_Section):
     )
     model: ModelConfig = Field(default_factory=ModelConfig)
     taskset: TasksetConfig = Field(default_factory=TasksetConfig)
+    mixture: list[MixturePart] = Field(
+        default_factory=list, description="Several tasksets in one campaign (empty: `taskset` alone): each round "
+        "takes each part's weight of `explorer.tasks_per_round` from it; each part has its own held-out split, "
+        "workflow and reward, and its own metrics and promotion check.")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -595,8 +615,22 @@ class CampaignConfig(_Section):
                     raise ValueError(f"config key {old!r} moved to {new!r}")
         return data
 
+    def part_tasksets(self) -> dict[str, TasksetConfig]:
+        """Each mixture part's taskset: its keys over the campaign's ``taskset`` (empty: no mixture)."""
+        return {p.name: TasksetConfig(**{**self.taskset.model_dump(), **p.taskset}) for p in self.mixture}
+
     @model_validator(mode="after")
     def _cross_checks(self) -> CampaignConfig:
+        names = [p.name for p in self.mixture]
+        if len(set(names)) != len(names):
+            raise ValueError(f"mixture: part names must differ ({', '.join(names)})")
+        for i, part in enumerate(self.mixture):
+            try:
+                TasksetConfig(**{**self.taskset.model_dump(), **part.taskset})
+            except ValidationError as e:
+                first = e.errors()[0]
+                raise ValueError(f"mixture[{i}] ({part.name}).taskset.{'.'.join(map(str, first['loc']))}: "
+                                 f"{first['msg']}") from None
         if self.algorithm.name == "sft" and self.buffer.expert_per_round == 0:
             raise ValueError("buffer.expert_per_round must be > 0 for `sft` (it trains on expert rows only)")
         if self.mode in ("explore", "train") and self.sync.method != "checkpoint":

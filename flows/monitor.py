@@ -52,6 +52,14 @@ COLUMNS = {"reward": "reward/mean", "loss": "loss/total", "accuracy": "accuracy/
 # and, for a multi-turn workflow, its episodes
 EPISODE_COLUMNS = {"turns": "episode/turns_mean", "success": "episode/success", "tool calls": "tool/calls",
                    "tool errors": "tool/errors", "timeouts": "episode/timeouts"}
+
+
+def taskset_columns(cfg) -> dict[str, str]:
+    """A mixture's columns: each part's reward and held-out accuracy."""
+    return {f"{kind} {p.name}": f"{metric.format(p.name)}" for p in cfg.mixture
+            for kind, metric in (("reward", "reward/{}/mean"), ("accuracy", "accuracy/{}/held_out"))}
+
+
 TAG_PREFIXES = ("round ", "reward ", "accuracy ", "campaign ", "mlflow ", "model ")  # the tags this module owns
 
 
@@ -194,7 +202,9 @@ class UIMonitor:
         ``COLUMNS`` from the MLflow run's metrics of that step."""
         history = self.run.tracker.history
         done = [r for r in sorted(history) if r >= 1 and any(f"time/{s.value}_s" in history[r] for s in ROUND)]
-        columns = COLUMNS if self.run.cfg.taskset.workflow == "single_turn" else {**COLUMNS, **EPISODE_COLUMNS}
+        cfg = self.run.cfg
+        multi_turn = any(t.workflow != "single_turn" for t in (cfg.part_tasksets() or {"": cfg.taskset}).values())
+        columns = {**COLUMNS, **(EPISODE_COLUMNS if multi_turn else {}), **taskset_columns(cfg)}
         return [{"round": r, **{col: _cell(history.get(r, {}).get(key)) for col, key in columns.items()}}
                 for r in ([0] if 0 in history else []) + done]
 

@@ -87,6 +87,17 @@ def measured_rewards(verified: pa.Table) -> list[tuple[str, float]]:
             if why is None or why.startswith("pipeline:")]
 
 
+def mixture_quotas(weights: dict[str, float], k: int) -> dict[str, int]:
+    """``k`` tasks split by ``weights`` (largest remainder: each part gets ⌊k·w⌋, the rest go to the
+    largest fractions, ties by order), the same every round, so each round keeps the weights."""
+    total = sum(weights.values())
+    exact = {name: k * w / total for name, w in weights.items()}
+    quotas = {name: int(x) for name, x in exact.items()}
+    for name in sorted(exact, key=lambda n: quotas[n] - exact[n])[:k - sum(quotas.values())]:
+        quotas[name] += 1
+    return quotas
+
+
 def select_tasks(tasks: list[Task], round_no: int, k: int, seed: int, *, selector: str = "shuffle",
                  batch: int = 0, pass_rates: PassRates | None = None, target: float = 0.5) -> list[Task]:
     """The ``k`` tasks of round ``round_no`` (1-based), refill ``batch``, by ``selector``."""

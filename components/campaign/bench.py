@@ -18,7 +18,7 @@ from typing import Any
 from rftflow.components.buffer.weights import WeightStore
 
 from rftflow.components.buffer.layout import open_run_store
-from rftflow.components.data.tasksets import Task, load_tasks
+from rftflow.components.data.tasksets import Task, load_mixture, load_tasks
 from rftflow.components.explore.workflows import make_workflow
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.explore.models import load_model, resolve_model_path
@@ -79,8 +79,10 @@ def eval_engine(ref: str, store: WeightStore | None, tracking_uri: str, cfg) -> 
 
 
 def held_out(checked: Preflight, source: str | None) -> list[Task]:
-    """The held-out split of ``source`` (None: the campaign's taskset)."""
+    """The held-out split of ``source`` (None: the campaign's taskset, or its mixture's parts')."""
     cfg = checked.cfg
+    if source is None and cfg.mixture:
+        return load_mixture(cfg.part_tasksets(), cfg.seed, cfg.contracts).held_out
     taskset = cfg.taskset if source is None else cfg.taskset.model_copy(update={"source": source})
     return load_tasks(taskset, cfg.seed, cfg.contracts).held_out
 

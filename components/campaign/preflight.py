@@ -101,8 +101,12 @@ def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = N
         if not algorithm.uses_explorer and cfg.buffer.expert_per_round == 0:
             raise ValueError(f"buffer.expert_per_round must be > 0 for {algorithm.name!r} (it trains on expert "
                              "rows only)")
-        check_taskset(cfg.taskset, cfg.contracts)  # it reads the task file or generates a task
-        check_rewards(cfg.reward)  # the code reward's sandbox runs here
+        for part, taskset in (cfg.part_tasksets() or {None: cfg.taskset}).items():
+            try:
+                check_taskset(taskset, cfg.contracts)  # it reads the task file or generates a task
+            except ValueError as e:
+                raise ValueError(f"mixture part {part}: {e}" if part else str(e)) from None
+        check_rewards(cfg.reward, tuple(p.reward for p in cfg.mixture if p.reward))  # the code sandbox runs here
         previous = None if restart else _previous_state(cfg, out)
     except ConfigError:
         raise

@@ -7,16 +7,18 @@ at least ``promotion.margin`` and an exact one-sided McNemar test on the paired 
 passes: with b = tasks only the champion solves and c = tasks only the challenger solves,
 p = P(X ≥ c), X ~ Binomial(b + c, 1/2) (``scipy.stats.binomtest``), and p < ``promotion.alpha``.
 With no champion yet, the first version whose accuracy reaches ``promotion.min_accuracy`` becomes
-champion. Every decision is recorded as tags on both versions (scores, p-value, decision, reason).
+champion. In a mixture, a challenger that falls more than ``promotion.max_regression`` below the
+champion on any one taskset is not promoted, whatever its overall result. Every decision is
+recorded as tags on both versions (scores, per-taskset scores, p-value, decision, reason).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 from rftflow.components.campaign.bench import BenchModelError, eval_engine, held_out
 from rftflow.components.explore.workflows import make_workflow
-from rftflow.components.verify.rewards import make_rewards
+from rftflow.components.verify.rewards import campaign_rewards
 from rftflow.components.campaign.preflight import Preflight
 
 ALIAS = "champion"
@@ -34,6 +36,7 @@ class Decision:
     p_value: float | None
     promoted: bool
     reason: str
+    tasksets: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # a mixture: part → (its, champion's)
 
     def line(self) -> str:
         """The decision in one line."""
@@ -70,6 +73,31 @@ def decide(model: str, challenger: str, challenger_solved: list[bool], champion:
     return Decision(model, challenger, champion, acc, base, c, b, p, ok, reason)
 
 
+def taskset_accuracies(parts: list[str | None], solved: list[bool]) -> dict[str, float]:
+    """Each mixture part's share of solved tasks (``parts``: each task's part; None outside a mixture)."""
+    out: dict[str, list[bool]] = {}
+    for part, ok in zip(parts, solved):
+        if part is not None:
+            out.setdefault(part, []).append(ok)
+    return {part: sum(v) / len(v) for part, v in sorted(out.items())}
+
+
+def guard_regressions(decision: Decision, parts: list[str | None], challenger_solved: list[bool],
+                      champion_solved: list[bool] | None, max_regression: float) -> Decision:
+    """``decision`` with each mixture part's accuracies, and not promoted when the challenger falls
+    more than ``max_regression`` below the champion on any part (the reason names the parts)."""
+    mine = taskset_accuracies(parts, challenger_solved)
+    theirs = taskset_accuracies(parts, champion_solved) if champion_solved is not None else {}
+    tasksets = {part: (acc, theirs.get(part)) for part, acc in mine.items()}
+    worse = [f"{part} {acc:.3f} vs {base:.3f}" for part, (acc, base) in tasksets.items()
+             if base is not None and base - acc > max_regression]
+    if worse and decision.promoted:
+        return replace(decision, promoted=False, tasksets=tasksets, reason=(
+            f"regresses on taskset {', '.join(worse)} (more than promotion.max_regression {max_regression}); "
+            f"overall: {decision.reason}"))
+    return replace(decision, tasksets=tasksets)
+
+
 def promote(checked: Preflight, version: str | None = None) -> Decision:
     """Evaluate the challenger (``version``, default the newest) against the ``champion`` of
     ``tracking.registered_model`` on the campaign's held-out tasks; move the alias if it wins; tag
@@ -95,21 +123,35 @@ def promote(checked: Preflight, version: str | None = None) -> Decision:
     except MlflowException:
         champion = None
     tasks = held_out(checked, None)
-    reward_fn = make_rewards(cfg.reward, cfg.taskset)
+    reward_fn = campaign_rewards(cfg)
+
+    parts = cfg.part_tasksets()
+    groups: dict[str | None, list[int]] = {}  # the tasks each workflow runs: a mixture part's, or the campaign's
+    for i, task in enumerate(tasks):
+        groups.setdefault(task.metadata.get("taskset") if parts else None, []).append(i)
 
     def solved(v: str) -> list[bool]:  # (a models:/ reference never reads the campaign's store)
         engine = eval_engine(f"models:/{name}/{v}", None, uri, cfg)
-        workflow = make_workflow(cfg, engine.tokenizer, reward_fn=reward_fn,
-                                 context_limit=getattr(engine.model.config, "max_position_embeddings", None))
-        return [s >= 1.0 for s in workflow.greedy_scores(engine, tasks, reward_fn, cfg.reward.function,
-                                                         cfg.eval.max_new_tokens)]
+        out = [False] * len(tasks)
+        for part, rows in groups.items():
+            part_cfg = cfg.model_copy(update={"taskset": parts[part]}) if part else cfg
+            workflow = make_workflow(part_cfg, engine.tokenizer, reward_fn=reward_fn,
+                                     context_limit=getattr(engine.model.config, "max_position_embeddings", None))
+            scores = workflow.greedy_scores(engine, [tasks[i] for i in rows], reward_fn, cfg.reward.function,
+                                            cfg.eval.max_new_tokens)
+            for i, s in zip(rows, scores):
+                out[i] = s >= 1.0
+        return out
 
     if champion == challenger:
         decision = Decision(name, challenger, champion, float("nan"), None, 0, 0, None, False,
                             f"v{challenger} is already the champion")
     else:
-        decision = decide(name, challenger, solved(challenger), champion, solved(champion) if champion else None,
+        mine, theirs = solved(challenger), solved(champion) if champion else None
+        decision = decide(name, challenger, mine, champion, theirs,
                           margin=rules.margin, alpha=rules.alpha, min_accuracy=rules.min_accuracy)
+        decision = guard_regressions(decision, [t.metadata.get("taskset") for t in tasks], mine, theirs,
+                                     rules.max_regression)
     _record(client, decision, len(tasks))
     if decision.promoted:
         client.set_registered_model_alias(name, ALIAS, challenger)
@@ -126,6 +168,10 @@ def _record(client, d: Decision, tasks: int) -> None:
         tags["promotion.champion_accuracy"] = f"{d.champion_accuracy:.4f}"
     if d.p_value is not None:
         tags["promotion.p_value"] = f"{d.p_value:.6f}"
+    for part, (acc, base) in d.tasksets.items():
+        tags[f"promotion.accuracy.{part}"] = f"{acc:.4f}"
+        if base is not None:
+            tags[f"promotion.champion_accuracy.{part}"] = f"{base:.4f}"
     for key, value in tags.items():
         client.set_model_version_tag(d.model, d.challenger, key, value)
     if d.champion and d.champion != d.challenger:

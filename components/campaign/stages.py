@@ -31,18 +31,20 @@ from rftflow.components.buffer.weights import WeightStore
 from rftflow.components.buffer.layout import campaigns_in, open_run_store, round_dir
 from rftflow.components.buffer.sampling import Sampler
 from rftflow.components.data.groups import informative_groups
-from rftflow.components.buffer.selectors import PassRates, measured_rewards, select_tasks
+from rftflow.components.buffer.selectors import PassRates, measured_rewards, mixture_quotas, select_tasks
 from rftflow.components.config import CampaignConfig
 from rftflow.components.data.contracts import ContractBounds, ContractError, check_experiences, enforce
 from rftflow.components.data.pipelines import run_pipeline
 from rftflow.components.data.report import ValidationEntry
-from rftflow.components.data.tasksets import Task, load_tasks, recheck_tasks, tasks_from_table, tasks_to_table
+from rftflow.components.data.tasksets import (Task, load_mixture, load_tasks, recheck_tasks, taskset_of,
+                                               tasks_from_table, tasks_to_table)
 from rftflow.components.explore.workflows import make_workflow, table_episode_metrics
 from rftflow.components.verify import scoring
-from rftflow.components.verify.check import check_round
+from rftflow.components.verify.check import check_round, per_taskset_rewards
+from rftflow.components.verify.scoring import mixture_metrics
 from rftflow.components.explore.engines import make_engine
 from rftflow.components.explore.models import load_model
-from rftflow.components.verify.rewards import make_rewards
+from rftflow.components.verify.rewards import campaign_rewards
 from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync
 from rftflow.components.campaign.preflight import Preflight, preflight
 from rftflow.components.campaign.schedule import ROUND, Step, sync_due
@@ -90,7 +92,7 @@ class Campaign:
         self.store = store or ExperienceStore(open_run_store(cfg.storage, self.run_dir), cfg.name,
                                             write_behind=cfg.storage.write_behind)
         self.weight_store = WeightStore(self.store.objects, cfg.name)  # checkpoints and published weights
-        self.reward_fn = make_rewards(cfg.reward, cfg.taskset)
+        self.reward_fn = campaign_rewards(cfg)
         self.has_trainer, self.has_explorer = cfg.mode != "explore", cfg.mode != "train"
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
                                             dtype=cfg.model.dtype)
@@ -100,8 +102,13 @@ class Campaign:
             explorer_model.to("cuda")  # decode where the trainer trains (the Trainer's Accelerator picks cuda too)
         engine = cfg.explorer if self.has_explorer else cfg.explorer.model_copy(update={"engine": "hf"})
         self.engine = make_engine(engine, explorer_model, self.tokenizer, cfg.model, seed=cfg.seed)
-        self.workflow = make_workflow(cfg, self.tokenizer, reward_fn=self.reward_fn,
-                                      context_limit=getattr(policy.config, "max_position_embeddings", None))
+        context = getattr(policy.config, "max_position_embeddings", None)
+        self.workflow = make_workflow(cfg, self.tokenizer, reward_fn=self.reward_fn, context_limit=context)
+        # a mixture's parts, each with its weight and the workflow of its taskset (see ``_by_workflow``)
+        self.parts = {p.name: p.weight for p in cfg.mixture}
+        self.workflows = {name: make_workflow(cfg.model_copy(update={"taskset": taskset}), self.tokenizer,
+                                              reward_fn=self.reward_fn, context_limit=context)
+                          for name, taskset in cfg.part_tasksets().items()}
         self.trainer: Trainer | None = None
         self.sampler: Sampler | None = None
         if self.has_trainer:
@@ -128,7 +135,8 @@ class Campaign:
     def prepare(self) -> dict[str, float]:
         """Build the taskset splits and expert demonstrations and store them (idempotent)."""
         cfg = self.cfg
-        taskset = load_tasks(cfg.taskset, cfg.seed, cfg.contracts)
+        taskset = (load_mixture(cfg.part_tasksets(), cfg.seed, cfg.contracts) if cfg.mixture
+                   else load_tasks(cfg.taskset, cfg.seed, cfg.contracts))
         train_table = tasks_to_table(taskset.train)
         metrics: dict[str, float] = {}
         if cfg.pipelines.tasks:
@@ -147,8 +155,9 @@ class Campaign:
         train = tasks_from_table(train_table)
         if fresh:  # the rounds' tasks are these: no reading back what was just written (slow for large tasksets)
             self.__dict__["train_tasks"] = train
-        expert = self.workflow.expert_table(self.engine, train, campaign=cfg.name,
-                                            limit=cfg.taskset.expert_tasks or None)
+        expert = pa.concat_tables([workflow.expert_table(self.engine, tasks, campaign=cfg.name,
+                                                         limit=cfg.taskset.expert_tasks or None)
+                                   for workflow, tasks in self._by_workflow(train)])
         verdict = check_experiences(expert, ContractBounds.of(cfg.contracts), kind="expert")
         self._record("expert contract", 0, expert.num_rows, verdict.quarantined)
         self.store.write_quarantine("expert", verdict.quarantined)  # kept even if the batch fails below
@@ -235,14 +244,15 @@ class Campaign:
         tables, batches, in_env = [], 0, 0.0
         rates = self.pass_rates() if ex.task_selector == "curriculum" else None
         while True:
-            tasks = select_tasks(self.train_tasks, round_no, ex.tasks_per_round, self.cfg.seed,
-                                 selector=ex.task_selector, batch=batches, pass_rates=rates,
-                                 target=ex.curriculum_target)
-            tables.append(self.workflow.explore(
-                self.engine, tasks, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
-                temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=self.weights.version,
-                first_slot=batches * ex.tasks_per_round))
-            batches, in_env = batches + 1, in_env + self.workflow.env_wall_seconds
+            tasks = self._select(round_no, batches, rates)
+            slot = batches * ex.tasks_per_round
+            for workflow, some in self._by_workflow(tasks):
+                tables.append(workflow.explore(
+                    self.engine, some, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
+                    temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=self.weights.version,
+                    first_slot=slot))
+                slot, in_env = slot + len(some), in_env + workflow.env_wall_seconds
+            batches += 1
             if not self.algorithm.dynamic_sampling or batches == ex.max_explore_batches:
                 break
             scored = scoring.score(pa.concat_tables(tables), self.tasks_by_id, self.reward_fn,
@@ -256,6 +266,35 @@ class Campaign:
         return {"explore/rows": table.num_rows, **batched,
                 "rollout/response_len": pc.mean(lengths).as_py() or 0.0, **table_episode_metrics(table),
                 **({"time/environment_s": in_env} if self.cfg.taskset.workflow != "single_turn" else {})}
+
+    def _select(self, round_no: int, batch: int, rates: PassRates | None) -> list[Task]:
+        """The round's tasks (refill ``batch``): ``explorer.tasks_per_round`` by the task selector; in a
+        mixture each part's share by its weight (``mixture_quotas``), each part selected on its own."""
+        ex = self.cfg.explorer
+        pick = functools.partial(select_tasks, selector=ex.task_selector, batch=batch, pass_rates=rates,
+                                 target=ex.curriculum_target)
+        if not self.parts:
+            return pick(self.train_tasks, round_no, ex.tasks_per_round, self.cfg.seed)
+        quotas = mixture_quotas(self.parts, ex.tasks_per_round)
+        return [t for name, k in quotas.items() if k
+                for t in pick(self.part_train[name], round_no, k, f"{self.cfg.seed}:{name}")]
+
+    @functools.cached_property
+    def part_train(self) -> dict[str, list[Task]]:
+        """A mixture's train tasks by part."""
+        out: dict[str, list[Task]] = {name: [] for name in self.parts}
+        for t in self.train_tasks:
+            out[taskset_of(t)].append(t)
+        return out
+
+    def _by_workflow(self, tasks: list[Task]) -> list[tuple[Any, list[Task]]]:
+        """``tasks`` grouped by the workflow that runs them (a mixture part's, else the campaign's), in order."""
+        if not self.parts:
+            return [(self.workflow, tasks)] if tasks else []
+        groups: dict[str, list[Task]] = {}
+        for t in tasks:
+            groups.setdefault(taskset_of(t), []).append(t)
+        return [(self.workflows[name], some) for name, some in groups.items()]
 
     def verify(self, round_no: int) -> dict[str, float]:
         """Score the rollouts, check the experience contract and run the experience pipeline
@@ -276,7 +315,7 @@ class Campaign:
         if checked.dropped is not None:
             self._record("experience pipeline", round_no, verdict.accepted.num_rows, checked.dropped)
         self.verified[round_no] = checked.verified
-        return checked.metrics()
+        return {**checked.metrics(), **per_taskset_rewards(checked.scored, self.tasks_by_id)}
 
     def buffer(self, round_no: int) -> dict[str, float]:
         """Commit verified rows: accepted → experiences/usual, rejected → quarantine; pass rates."""
@@ -373,8 +412,16 @@ class Campaign:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy of the explorer's (latest synced) model on the held-out split."""
-        return self.workflow.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.reward.function,
-                                      self.cfg.eval.max_new_tokens)
+        if not self.parts:
+            return self.workflow.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.reward.function,
+                                          self.cfg.eval.max_new_tokens)
+        by_part: dict[str, list[Task]] = {}
+        for t in self.eval_tasks:
+            by_part.setdefault(taskset_of(t), []).append(t)
+        results = {name: (len(tasks), self.workflows[name].evaluate(
+            self.engine, tasks, self.reward_fn, self.cfg.reward.function, self.cfg.eval.max_new_tokens))
+            for name, tasks in by_part.items()}
+        return mixture_metrics(results)
 
     # checkpoints -----------------------------------------------------------------------------
     def checkpoint(self, round_no: int, out: Path, **meta: Any) -> dict[str, Any]:

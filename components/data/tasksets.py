@@ -368,6 +368,29 @@ def load_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None 
     return Taskset(train, held_out, quarantined, held_out_rows=len(tasks) - len(train))
 
 
+def load_mixture(parts: dict[str, TasksetConfig], seed: int, contracts: ContractsConfig | None = None) -> Taskset:
+    """The tasksets of a mixture as one: each part loaded as ``load_tasks`` loads a taskset (its own
+    held-out split), its tasks tagged with the part's name (``metadata.taskset``) and identified
+    within it (the same question in two parts is two tasks)."""
+    train, held_out, quarantined, held_rows = [], [], [], 0
+    for name, cfg in parts.items():
+        part = load_tasks(cfg, seed, contracts)
+        tagged = {}
+        for t in {t.task_id: t for t in part.train + part.held_out}.values():
+            tagged[t.task_id] = Task(task_id(f"{name}\x1f{t.question}"), t.question, t.prompt, t.answer,
+                                     {**t.metadata, "taskset": name})
+        train += [tagged[t.task_id] for t in part.train]
+        held_out += [tagged[t.task_id] for t in part.held_out]
+        quarantined.append(part.quarantined)
+        held_rows += part.held_out_rows
+    return Taskset(train, held_out, pa.concat_tables(quarantined, promote_options="default"), held_rows)
+
+
+def taskset_of(task: Task) -> str | None:
+    """The mixture part a task belongs to (None outside a mixture)."""
+    return task.metadata.get("taskset")
+
+
 def check_taskset(cfg: TasksetConfig, contracts: ContractsConfig | None = None) -> None:
     """Fail fast (``TasksetError``) on a bad taskset: the generator created, or the file read and its
     rows checked against the task contract (more than ``contracts.max_bad_fraction`` bad rows fail)."""
@@ -389,5 +412,5 @@ def tasks_from_table(table: pa.Table) -> list[Task]:
     return [Task(i, q, p, a, json.loads(m or "{}")) for i, q, p, a, m in zip(*columns)]  # column-wise, not row dicts
 
 
-__all__ = ["Task", "Taskset", "TasksetError", "check_taskset", "load_tasks", "read_rows", "reasoning_gym_tasks",
+__all__ = ["Task", "Taskset", "TasksetError", "check_taskset", "load_mixture", "load_tasks", "taskset_of", "read_rows", "reasoning_gym_tasks",
            "recheck_tasks", "tasks_from_table", "tasks_to_table", "validated_tasks"]

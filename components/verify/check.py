@@ -60,3 +60,13 @@ def check_round(rollouts: pa.Table, tasks_by_id: dict[str, Task], reward_fn: Rew
     reasons = pa.array([None] * accepted.num_rows, pa.string())
     verified = pa.concat_tables([accepted.append_column("reason", reasons), rejected])
     return Checked(scored, verdict, dropped, verified)
+
+
+def per_taskset_rewards(scored: pa.Table, tasks_by_id: dict[str, Task]) -> dict[str, float]:
+    """``reward/<part>/mean`` of each mixture part's rows (nothing outside a mixture)."""
+    sums: dict[str, list[float]] = {}
+    for task_id, reward in zip(scored.column("task_id").to_pylist(), scored.column("reward").to_pylist()):
+        part = tasks_by_id[task_id].metadata.get("taskset")
+        if part is not None and reward is not None:
+            sums.setdefault(part, []).append(reward)
+    return {f"reward/{part}/mean": sum(v) / len(v) for part, v in sorted(sums.items())}

