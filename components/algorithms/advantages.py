@@ -142,10 +142,12 @@ def gae_advantages(
     """Generalised advantage estimation for PPO with a critic (Schulman et al. 2016, arXiv:1506.02438;
     veRL ``compute_gae_advantage_return``).
 
-    δ_t = r_t + γ·V_{t+1} − V_t;  A_t = δ_t + γλ·A_{t+1}, with V and A zero past the last unmasked
-    token; returns R_t = A_t + V_t (before whitening). With ``whiten``, A is then whitened over the
-    unmasked tokens of the batch: (A − mean) / (std + eps), std unbiased. All tensors (B, T);
-    returns (advantages, returns), masked.
+    δ_t = r_t + γ·V_{t+1} − V_t;  A_t = δ_t + γλ·A_{t+1} over the unmasked (model) tokens only: t+1
+    is the next unmasked token, so an episode's environment and tool tokens (mask 0) between two
+    turns pass A and V through unchanged, and V and A are zero past the last unmasked token; returns
+    R_t = A_t + V_t (before whitening). With ``whiten``, A is then whitened over the unmasked tokens
+    of the batch: (A − mean) / (std + eps), std unbiased. All tensors (B, T); returns (advantages,
+    returns), masked.
     """
     mask = mask.to(values.dtype)  # (B, T)
     values = values * mask  # (B, T)
@@ -153,10 +155,11 @@ def gae_advantages(
     next_value = torch.zeros_like(values[:, 0])  # (B,)
     running = torch.zeros_like(values[:, 0])  # (B,)
     for t in reversed(range(values.shape[1])):
+        m = mask[:, t]  # (B,)
         delta = token_rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
-        running = (delta + gamma * lam * running) * mask[:, t]  # (B,)
-        advantages[:, t] = running
-        next_value = values[:, t]
+        running = m * (delta + gamma * lam * running) + (1 - m) * running  # (B,)
+        advantages[:, t] = running * m
+        next_value = m * values[:, t] + (1 - m) * next_value
     returns = (advantages + values) * mask  # (B, T)
     if whiten and mask.sum() > 1:
         picked = advantages[mask.bool()]  # (N_tokens,)

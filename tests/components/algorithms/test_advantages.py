@@ -69,6 +69,22 @@ def test_gae_by_hand():
     assert_close(adv, torch.tensor([[0.04 + 0.855 * a1, a1, 0.3, 0.0]]))
 
 
+def test_gae_passes_through_an_episodes_environment_tokens():
+    """Two model turns with an environment observation between them (mask 0): the final reward
+    reaches the first turn, and the first turn bootstraps from the second turn's value, as if the
+    observation's tokens were not there; their own advantage is 0 and their value never leaks."""
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.6, 7.0, 8.0, 0.7, 9.0]])  # tokens 2-3: the environment's; 5: padding
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0]])
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0, whiten=False)
+    assert_close(adv, torch.tensor([[0.5, 0.4, 0.0, 0.0, 0.3, 0.0]]))
+    assert_close(ret, torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 0.0]]))
+    turns, _ = gae_advantages(rewards, values, mask, gamma=0.9, lam=0.95, whiten=False)
+    plain, _ = gae_advantages(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]),
+                              torch.tensor([[1, 1, 1]]), gamma=0.9, lam=0.95, whiten=False)
+    assert_close(turns[:, [0, 1, 4]], plain)  # the same as the model's tokens alone
+
+
 def test_group_of_one_and_all_equal_rewards_never_nan():
     for name in ("grpo", "rloo", "reinforce_pp", "opmd"):
         adv = get_advantage(name)(torch.tensor([0.3, 1.0, 1.0]), [0, 1, 1])
