@@ -5,6 +5,7 @@ trainer ignoring them, behaviour log-probs that match the trainer's, and environ
 from __future__ import annotations
 
 import copy
+import json
 import time
 
 import gymnasium as gym
@@ -237,3 +238,35 @@ def test_greedy_scores_promotion_compares_are_the_episodes_returns(warm):
     scores = workflow.greedy_scores(engine, tasks[:16], reward_fn, "env_return", 4)
     accuracy = workflow.evaluate(engine, tasks[:16], reward_fn, "env_return", 4)["accuracy/held_out"]
     assert 0 < sum(s >= 1.0 for s in scores) == round(accuracy * 16)
+
+
+class SlowEnv(gym.Env):
+    """Never ends on its own; each step takes 0.3 s."""
+
+    def reset(self, *, seed=None, options=None):
+        return "", {}
+
+    def step(self, action):
+        time.sleep(0.3)
+        return "higher", 0.0, False, False, {}
+
+
+def test_episode_seconds_ends_a_rounds_episodes_as_timeouts_and_they_are_not_failures(warm):
+    from rftflow.components.verify.check import check_round
+    from rftflow.components.verify.rewards import make_rewards
+
+    config = {**GUESS, "workflow": {"environment": f"{__name__}:SlowEnv", "max_turns": 8, "episode_seconds": 0.5}}
+    cfg, engine, workflow, tasks = _setup(warm, config)
+    start = time.monotonic()
+    table = workflow.explore(engine, tasks[:4], campaign="c", round_no=1, repeat_times=2, temperature=1.0,
+                             max_new_tokens=4, model_version=0)
+    elapsed = time.monotonic() - start
+    infos = [json.loads(i) for i in table.column("info").to_pylist()]
+    assert len(infos) == 8 and elapsed < 0.5 + 2 * 0.3 + 5  # not 8 turns of 0.3 s
+    turns = [i["turns"] for i in infos if i["turns"] > 1]  # episodes the model ended with a guess each turn
+    assert turns and max(turns) < 8
+    assert all(i["timed_out"] and not i["success"] for i in infos if i["turns"] > 1)
+    assert not any("error" in i for i in infos)  # a round's budget truncates episodes; nothing failed
+    checked = check_round(table, {t.task_id: t for t in tasks}, make_rewards(cfg.reward, cfg.taskset), "env_return",
+                          ContractBounds(), [], seed=0)
+    assert checked.verdict.quarantined.num_rows == 0  # kept, with the reward they earned
