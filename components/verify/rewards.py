@@ -202,12 +202,13 @@ def check_rewards(cfg: RewardConfig, extra: tuple[str, ...] = ()) -> None:
     from rftflow.components.verify.code import CodeReward
     from rftflow.components.verify.sandbox import SandboxUnavailable
 
-    reward = CodeReward(cfg.code)
     try:
-        reward.sandbox.check()
+        reward = CodeReward(cfg.code)
+        try:
+            reward.sandbox.check()
+        finally:
+            reward.close()
     except SandboxUnavailable as e:
         raise ValueError(f"reward.code: {e}") from None
-    finally:
-        reward.close()
     if cfg.code.sandbox == "none":
         logging.getLogger("rftflow").warning("reward.code.sandbox is none: programs run without a sandbox")
