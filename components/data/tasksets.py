@@ -85,6 +85,11 @@ def _format_prompt(template: str, question: str, answer: str, metadata: dict[str
 def _reasoning_gym_entries(name: str, params: dict[str, Any], size: int, seed: int) -> list[dict[str, Any]]:
     import reasoning_gym
 
+    if name == "composite" and isinstance(params.get("datasets"), list):  # specs from YAML are mappings
+        from reasoning_gym.composite import DatasetSpec
+
+        params = {**params, "datasets": [DatasetSpec(**{"config": {}, **d}) if isinstance(d, dict) else d
+                                         for d in params["datasets"]]}
     try:
         return list(reasoning_gym.create_dataset(name, size=size, seed=seed, **params))
     except (ValueError, TypeError, AssertionError) as e:

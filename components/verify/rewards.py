@@ -112,7 +112,12 @@ def _reward(name: str, cfg: RewardConfig, taskset_source: str):
             return FunctionReward(name, exact_match)
         import reasoning_gym
 
-        verifier = reasoning_gym.get_score_answer_fn(taskset_source[len(REASONING_GYM_PREFIX):])
+        dataset = taskset_source[len(REASONING_GYM_PREFIX):]
+        if dataset == "composite":  # each task by the verifier of the dataset it came from
+            verifier_of = functools.lru_cache(maxsize=None)(reasoning_gym.get_score_answer_fn)
+            return FunctionReward(name, lambda response, task: float(verifier_of(task.metadata["source_dataset"])(
+                response.strip(), task.entry)))
+        verifier = reasoning_gym.get_score_answer_fn(dataset)
         return FunctionReward(name, lambda response, task: float(verifier(response.strip(), task.entry)))
     raise ValueError(f"unknown reward function {name!r}")
 

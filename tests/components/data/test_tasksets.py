@@ -122,3 +122,17 @@ def test_the_shipped_gsm8k_sample_scores_with_the_math_reward():
     reward = make_rewards(RewardConfig(function="math"), cfg)
     assert reward(f"It is {task.answer}.\n#### {task.answer}", task) == 1.0
     assert reward(f"#### {task.answer}1", task) == 0.0
+
+
+def test_reasoning_gym_composite_mixtures_load_from_yaml_specs_and_score_by_their_member():
+    from rftflow.components.data.tasksets import load_tasks
+
+    cfg = TasksetConfig(source="reasoning_gym:composite", size=60, eval_size=10, params={"datasets": [
+        {"name": "chain_sum", "weight": 1, "config": {"min_terms": 2, "max_terms": 2}},
+        {"name": "gsm_symbolic", "weight": 1}]})
+    taskset = load_tasks(cfg, seed=0)
+    members = {t.metadata["source_dataset"] for t in taskset.train}
+    assert members == {"chain_sum", "gsm_symbolic"}
+    reward = make_rewards(RewardConfig(), cfg)
+    for t in taskset.train[:6]:
+        assert reward(t.answer, t) == 1.0 and reward(t.answer + "9", t) < 1.0
