@@ -13,7 +13,7 @@ A task carries its tests in its metadata, in one of two forms:
 The program is the response's last fenced code block (```python … ```) or, without one, the whole
 response. When the task has a ``code_prompt`` (HumanEval's signature and docstring) and the program
 does not define the task's ``entry_point`` itself, the program is the prompt followed by the
-response (a completion of the function's body).
+response (a completion of the function's body) up to HumanEval's stop sequences (``_COMPLETION_STOPS``).
 
 Reward 1 if the program passes, else 0 with the reason (the failing case, the exception, a limit);
 a failure of the sandbox itself is ``Score(None, reason)``: the rows are quarantined, never scored.
@@ -31,13 +31,20 @@ from rftflow.components.verify.scores import Score
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
+# Where a completion of a function's body ends: the stop sequences of HumanEval's paper (Chen et al.
+# 2021, arXiv:2107.03374: a new top-level def, class, if, print or comment) and a closing fence
+_COMPLETION_STOPS = re.compile(r"\n(?:def |class |if |print\(|#|```)")
+
+
 def extract_program(response: str, task: Task) -> str:
     """The program a response stands for (see the module docstring)."""
     blocks = _FENCE.findall(response)
-    code = blocks[-1] if blocks else response
+    opened = re.search(r"```[ \t]*(?:python|py|python3)?[ \t]*\n", response)
+    code = blocks[-1] if blocks else response[opened.end():] if opened else response  # an unclosed block: its rest
     prompt, entry = task.metadata.get("code_prompt"), task.metadata.get("entry_point")
     if prompt and not (entry and re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE)):
-        return prompt + code
+        stop = _COMPLETION_STOPS.search(code)  # the body's completion, without what the model wrote after it
+        return prompt + (code[:stop.start()] if stop else code)
     if prompt:  # the response wrote the whole function: keep the prompt's imports (``from typing import List``)
         imports = [line for line in prompt.splitlines() if line.startswith(("import ", "from "))]
         return "\n".join(imports + [code])

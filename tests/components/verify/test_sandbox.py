@@ -175,6 +175,10 @@ def test_the_program_is_the_last_fenced_block_or_the_prompt_plus_the_completion(
     assert extract_program(fenced, ADD) == "def add(a, b):\n    return a+b\n"
     assert extract_program("    return a + b\n", ADD) == "def add(a, b):\n    return a + b\n"
     assert extract_program("print(1)", Task("x", "q", "p", "a", {})) == "print(1)"
+    # a completion ends at HumanEval's stop sequences: what a chatty model writes after the body is not code
+    chatty = "    return a + b\n```\n\nThis adds the numbers.\nprint(add(1, 2))"
+    assert extract_program(chatty, ADD) == "def add(a, b):\n    return a + b"
+    assert extract_program("```python\n    return a + b\n", ADD) == "def add(a, b):\n    return a + b\n"  # unclosed
 
 
 def test_sandbox_kind_none_is_an_explicit_opt_out_with_the_same_limits():
