@@ -39,7 +39,7 @@ _COMPLETION_STOPS = re.compile(r"\n(?:def |class |if |print\(|#|```)")
 def extract_program(response: str, task: Task) -> str:
     """The program a response stands for (see the module docstring)."""
     blocks = _FENCE.findall(response)
-    opened = re.search(r"```[ \t]*(?:python|py|python3)?[ \t]*\n", response)
+    opened = re.match(r"\s*```[ \t]*(?:python|py|python3)?[ \t]*\n", response)
     code = blocks[-1] if blocks else response[opened.end():] if opened else response  # an unclosed block: its rest
     prompt, entry = task.metadata.get("code_prompt"), task.metadata.get("entry_point")
     if prompt and not (entry and re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE)):
