@@ -615,6 +615,10 @@ class CampaignConfig(_Section):
                     raise ValueError(f"config key {old!r} moved to {new!r}")
         return data
 
+    def workflows(self) -> set[str]:
+        """The workflows the campaign runs: its taskset's, or its mixture parts'."""
+        return {t.workflow for t in (self.part_tasksets() or {"": self.taskset}).values()}
+
     def part_tasksets(self) -> dict[str, TasksetConfig]:
         """Each mixture part's taskset: its keys over the campaign's ``taskset`` (empty: no mixture)."""
         return {p.name: TasksetConfig(**{**self.taskset.model_dump(), **p.taskset}) for p in self.mixture}

@@ -203,8 +203,8 @@ class UIMonitor:
         history = self.run.tracker.history
         done = [r for r in sorted(history) if r >= 1 and any(f"time/{s.value}_s" in history[r] for s in ROUND)]
         cfg = self.run.cfg
-        multi_turn = any(t.workflow != "single_turn" for t in (cfg.part_tasksets() or {"": cfg.taskset}).values())
-        columns = {**COLUMNS, **(EPISODE_COLUMNS if multi_turn else {}), **taskset_columns(cfg)}
+        episodes = EPISODE_COLUMNS if cfg.workflows() != {"single_turn"} else {}
+        columns = {**COLUMNS, **episodes, **taskset_columns(cfg)}
         return [{"round": r, **{col: _cell(history.get(r, {}).get(key)) for col, key in columns.items()}}
                 for r in ([0] if 0 in history else []) + done]
 

@@ -265,7 +265,7 @@ class Campaign:
         batched = {"rollout/batches": batches} if self.algorithm.dynamic_sampling else {}  # else always 1
         return {"explore/rows": table.num_rows, **batched,
                 "rollout/response_len": pc.mean(lengths).as_py() or 0.0, **table_episode_metrics(table),
-                **({"time/environment_s": in_env} if self.cfg.taskset.workflow != "single_turn" else {})}
+                **({"time/environment_s": in_env} if self.cfg.workflows() != {"single_turn"} else {})}
 
     def _select(self, round_no: int, batch: int, rates: PassRates | None) -> list[Task]:
         """The round's tasks (refill ``batch``): ``explorer.tasks_per_round`` by the task selector; in a

@@ -13,10 +13,16 @@ from rftflow.components.verify.rewards import RewardFn
 from rftflow.components.verify.scores import RewardUnavailable, Score
 
 
+def reward_name_of(task: Task, reward_fn: RewardFn, reward_name: str) -> str:
+    """The name of the reward that scores ``task``: its domain's or mixture part's (``Rewards.reward_of``),
+    else ``reward_name``."""
+    return reward_fn.reward_of(task)[0] if hasattr(reward_fn, "reward_of") else reward_name
+
+
 def reward_of(response: str, step_rewards, task: Task, reward_fn: RewardFn, reward_name: str) -> float:
     """A response's (or an episode's) reward: with ``env_return`` the episode's return in its
     environment (the sum of its step rewards), else ``reward_fn`` on the (final) response."""
-    if reward_name == "env_return":
+    if reward_name_of(task, reward_fn, reward_name) == "env_return":
         return float(sum(step_rewards or ()))
     return reward_fn(response, task)
 
@@ -34,11 +40,12 @@ def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, re
     score's reason goes into the row's ``info`` (``reward_reason``). A row whose reward could not be
     computed gets a null reward and ``info.reward_unavailable`` (``unavailable_reasons``)."""
     tasks = [tasks_by_id[tid] for tid in table.column("task_id").to_pylist()]
-    if reward_name == "env_return":
-        scores = [Score(reward_of("", s, t, reward_fn, reward_name))
-                  for s, t in zip(table.column("step_rewards").to_pylist(), tasks)]
-    else:
-        scores = score_all(table.column("response").to_pylist(), tasks, reward_fn)
+    names = [reward_name_of(t, reward_fn, reward_name) for t in tasks]
+    scores: list[Score] = [Score(float(sum(s or ()))) for s in table.column("step_rewards").to_pylist()]  # env_return
+    text = [i for i, name in enumerate(names) if name != "env_return"]
+    responses = table.column("response").to_pylist()
+    for i, s in zip(text, score_all([responses[i] for i in text], [tasks[i] for i in text], reward_fn)):
+        scores[i] = s
     rewards = [s.value for s in scores]
     infos = table.column("info").to_pylist()
     for i, s in enumerate(scores):
@@ -48,7 +55,8 @@ def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, re
             infos[i] = json.dumps(info, sort_keys=True)
     table = table.set_column(table.schema.get_field_index("info"), "info", pa.array(infos, pa.string()))
     table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float64()))
-    per_fn = pa.array([None if r is None else [(reward_name, r)] for r in rewards], table.schema.field("rewards").type)
+    per_fn = pa.array([None if r is None else [(name, r)] for name, r in zip(names, rewards)],
+                      table.schema.field("rewards").type)
     return table.set_column(table.schema.get_field_index("rewards"), "rewards", per_fn)
 
 

@@ -72,3 +72,24 @@ def test_mixture_parts_are_checked_before_any_work(tmp_path, default_config, sma
                                                           f"{{source: {tmp_path / 'none.jsonl'}}}}}]"])
     with pytest.raises(ConfigError, match=r"mixture\[0\] \(x\)\.taskset\.eval_size: Input should be greater than 0"):
         preflight(default_config, tmp_path / "b", [*small, "mixture=[{name: x, weight: 1, taskset: {eval_size: 0}}]"])
+
+
+def test_a_mixture_runs_each_part_with_its_own_workflow_and_reward(tmp_path, default_config, small):
+    game = ("mixture=[{name: sums, weight: 1}, {name: game, weight: 1, reward: env_return, taskset: "
+            "{source: 'builtin:guess_number', workflow: multi_turn, domain: game, params: {low: 1, high: 32}, "
+            "prompt_template: 'guess {low}-{high}:', eval_size: 4}}]")
+    run = CampaignRun(preflight(default_config, tmp_path / "run", [
+        *small, game, "workflow.environment=builtin:guess_number", "workflow.max_turns=3",
+        "explorer.max_new_tokens=4", "eval.max_new_tokens=4", "rounds=1", "promotion.after_campaign=false"]))
+    run.run()
+    tasks = run.campaign.tasks_by_id
+    rows = run.campaign.store.read_kind("usual").to_pylist()
+    parts = Counter(tasks[r["task_id"]].metadata["taskset"] for r in rows)
+    assert parts == {"sums": 8, "game": 8}
+    for r in rows:
+        if tasks[r["task_id"]].metadata["taskset"] == "game":  # an episode, scored by its environment's return
+            assert r["turns"] and r["reward"] == sum(r["step_rewards"]) and r["rewards"] == [("env_return", r["reward"])]
+        else:  # one answer, scored by reasoning-gym's verifier
+            assert r["turns"] is None and r["rewards"] == [("score_answer", r["reward"])]
+    history = run.tracker.client.get_metric_history(run.tracker.run_id, "episode/turns_mean")
+    assert history and 1 <= history[-1].value <= 3
