@@ -263,9 +263,8 @@ def test_episode_seconds_ends_a_rounds_episodes_as_timeouts_and_they_are_not_fai
     elapsed = time.monotonic() - start
     infos = [json.loads(i) for i in table.column("info").to_pylist()]
     assert len(infos) == 8 and elapsed < 0.5 + 2 * 0.3 + 5  # not 8 turns of 0.3 s
-    turns = [i["turns"] for i in infos if i["turns"] > 1]  # episodes the model ended with a guess each turn
-    assert turns and max(turns) < 8
-    assert all(i["timed_out"] and not i["success"] for i in infos if i["turns"] > 1)
+    assert max(i["turns"] for i in infos) < 8 and not any(i["success"] for i in infos)
+    assert any(i["timed_out"] for i in infos)  # the round's budget ended them (others: a turn cut at 4 tokens)
     assert not any("error" in i for i in infos)  # a round's budget truncates episodes; nothing failed
     checked = check_round(table, {t.task_id: t for t in tasks}, make_rewards(cfg.reward, cfg.taskset), "env_return",
                           ContractBounds(), [], seed=0)
