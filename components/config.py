@@ -29,6 +29,16 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class LoraConfig(_Section):
+    """A LoRA adapter (PEFT): the trainer trains its weights only, the base stays frozen."""
+
+    rank: int = Field(16, gt=0, description="The adapter's rank r.")
+    alpha: float = Field(32.0, gt=0, description="Its scaling α (the update is α / r · B·A).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
+    target_modules: list[str] | str = Field("all-linear", description="The modules adapted: names (`q_proj`, "
+                                            "`v_proj`, …) or PEFT's `all-linear`.")
+
+
 class ModelConfig(_Section):
     """The policy model: where it is read from and in which dtype."""
 
@@ -37,6 +47,9 @@ class ModelConfig(_Section):
     allow_download: bool = Field(False, description="Allow a hub id in `path` (off: offline machines are normal).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
     chat_template: bool = Field(False, description="Wrap prompts in the tokenizer's chat template (instruct models).")
+    lora: LoraConfig | None = Field(None, description="Train a LoRA adapter instead of every weight (None: full "
+                                    "weights). The trainer's part only so far: a campaign with one is refused until "
+                                    "sync, checkpoints and the registry carry adapters.")
 
 
 class TasksetConfig(_Section):
@@ -635,6 +648,9 @@ class CampaignConfig(_Section):
                 first = e.errors()[0]
                 raise ValueError(f"mixture[{i}] ({part.name}).taskset.{'.'.join(map(str, first['loc']))}: "
                                  f"{first['msg']}") from None
+        if self.model.lora is not None:
+            raise ValueError("model.lora: campaigns with LoRA adapters are not supported yet (the trainer trains "
+                             "them; weight sync, checkpoints and the registry do not carry them yet)")
         if self.algorithm.name == "sft" and self.buffer.expert_per_round == 0:
             raise ValueError("buffer.expert_per_round must be > 0 for `sft` (it trains on expert rows only)")
         if self.mode in ("explore", "train") and self.sync.method != "checkpoint":

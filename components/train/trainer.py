@@ -33,24 +33,33 @@ class Trainer:
     needs them, a frozen reference model and a critic, both made when the RL rounds start)."""
 
     def __init__(self, model: PreTrainedModel, pad_id: int, trainer: TrainerConfig, algorithm: Algorithm,
-                 *, temperature: float = 1.0, credit: str = "final", gamma: float = 1.0):
+                 *, temperature: float = 1.0, credit: str = "final", gamma: float = 1.0, lora=None):
         self.cfg, self.algorithm, self.temperature, self.pad_id = trainer, algorithm, temperature, pad_id
         self.credit, self.gamma = credit, gamma  # episodes' rewards → advantages (workflow.credit)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
-        optimizer = adamw(model.parameters(), trainer.lr, trainer.weight_decay)
+        self.lora = lora is not None
+        if self.lora:  # the base frozen, an adapter on top (PEFT); the optimizer holds the adapter's state only
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                     target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+        optimizer = adamw([p for p in model.parameters() if p.requires_grad], trainer.lr, trainer.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         # packed or padded micro-batches (``batch_tensors``); a model (or wrapper) that cannot take the
         # packed layout never has one worked out
         self.pair_cost = attention_pair_cost(model) if packs(self.model) else None
         self.steps = 0
         self.ref_model: PreTrainedModel | None = None
+        self.base_reference = False  # LoRA: the reference is the base, the adapter disabled (from the rounds on)
         self.critic: Critic | None = None
 
     def prepare_rl_models(self) -> None:
-        """Once, when the RL rounds start: freeze the policy as the reference model (KL, DPO) and
-        initialise the critic from it (PPO), as the algorithm needs."""
-        if self.algorithm.needs_reference and self.ref_model is None:
+        """Once, when the RL rounds start: freeze the policy as the reference model (KL, DPO; with
+        LoRA the base model, its adapter disabled) and initialise the critic from it (PPO), as the
+        algorithm needs."""
+        if self.algorithm.needs_reference and self.ref_model is None and not self.lora:
             self.ref_model = copy.deepcopy(self.unwrapped).eval().requires_grad_(False)
+        self.base_reference = self.lora and self.algorithm.needs_reference
         if self.algorithm.needs_critic and self.critic is None:
             self.critic = Critic(self.unwrapped, self.accelerator, lr=self.cfg.critic_lr or self.cfg.lr,
                                  weight_decay=self.cfg.weight_decay, grad_clip=self.cfg.grad_clip,
@@ -73,8 +82,22 @@ class Trainer:
 
     def _reference_kl(self, chunk: Sequence[Row], batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Per-token KL_kind(behaviour ‖ reference) of explorer rows: (B, R)."""
-        ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
+        ref = self._reference_logprobs(batch)  # (B, R)
         return kl_penalty(behaviour_logprobs(chunk, ref), ref, self.algorithm.kl_kind)
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether the rounds have a reference model: a frozen copy, or with LoRA the base itself."""
+        return self.ref_model is not None or self.base_reference
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """log π_ref of the batch's response tokens (B, R): the frozen copy's, or with LoRA the base
+        model's, the adapter disabled (no second copy of the weights)."""
+        if self.ref_model is not None:
+            return response_logprobs(self.ref_model, batch, self.temperature)
+        with self.unwrapped.disable_adapter():
+            return response_logprobs(self.model, batch, self.temperature)
 
     def _advantages(self, rows: Sequence[Row]) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
         """Advantages of all ``rows`` — (N,) outcome-level, or (N, R_max) token-level with a critic —
@@ -86,7 +109,7 @@ class Trainer:
         explorer_rows = [rows[i] for i in explorer_idx]
         rewards = torch.tensor([float(r["reward"]) for r in explorer_rows])  # (n,)
         kl = None
-        if self.ref_model is not None and algo.kl_mode == "reward":
+        if self.has_reference and algo.kl_mode == "reward":
             kl = self._per_token(explorer_rows, self._reference_kl)  # (n, R_max)
             metrics["reward/kl_penalised_mean"] = float((rewards - algo.kl_coef * kl.sum(-1)).mean())
         options = algo.advantage_options
@@ -145,9 +168,8 @@ class Trainer:
             advantages = advantages[:, :logprobs.shape[1]]
         algo = self.algorithm
         ref = None
-        if self.ref_model is not None and (algo.kl_mode == "loss" or getattr(loss_fn, "needs_reference", False)):
-            with torch.no_grad():
-                ref = response_logprobs(self.ref_model, batch, self.temperature)  # (B, R)
+        if self.has_reference and (algo.kl_mode == "loss" or getattr(loss_fn, "needs_reference", False)):
+            ref = self._reference_logprobs(batch)  # (B, R)
         inputs = LossInputs(logprobs, old, advantages.to(logprobs.device), batch["mask"], is_expert, ref)
         loss, metrics = loss_fn(inputs, **options)
         entropy = entropy_from_logprobs(logp if algo.entropy_coef else logp.detach())  # (B, R)

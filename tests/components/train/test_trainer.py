@@ -139,3 +139,36 @@ def test_dpo_raises_the_chosen_response_over_the_rejected(tiny):
     for _ in range(10):
         last = trainer.train(rows, whole(rows))
     assert last["update/dpo_reward_accuracy"] == 1.0 and last["update/dpo_margin"] > 1.0 and last["loss/policy"] < first["loss/policy"]
+
+
+def test_a_lora_trainer_moves_the_adapter_only_and_its_reference_is_the_base_without_a_copy(tiny):
+    from rftflow.components.config import LoraConfig
+    from rftflow.components.train.batching import batch_tensors, response_logprobs
+
+    model, tokenizer = tiny
+    trainer = Trainer(copy.deepcopy(model), tokenizer.pad_token_id, TrainerConfig(lr=5e-3, micro_batch_size=4),
+                      resolve("grpo", kl_coef=0.1, kl_kind="k3"), lora=LoraConfig(rank=4, alpha=8))
+    peft_model = trainer.unwrapped
+    adapter = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert adapter and all("lora_" in n for n in adapter)
+    before = {n: p.detach().clone() for n, p in peft_model.named_parameters()}
+    rows = _explorer_rows(model, tokenizer)
+    first = trainer.train(rows, whole(rows))
+    assert first["kl/k3"] == pytest.approx(0.0, abs=1e-6)  # B = 0 at the start: the policy is the base
+    for _ in range(5):
+        last = trainer.train(rows, whole(rows))
+    after = dict(peft_model.named_parameters())
+    moved = {n for n in before if not torch.equal(before[n], after[n].detach())}
+    assert moved and moved <= adapter  # only adapter weights changed
+    assert trainer.ref_model is None and last["kl/k3"] > 1e-5  # the reference is the base, not a copy
+    state = trainer.optimizer.state_dict()["state"]
+    assert len(state) == len(adapter)  # the optimizer holds the adapter's moments only
+    batch = batch_tensors(rows, tokenizer.pad_token_id)
+    assert torch.allclose(trainer._reference_logprobs(batch), response_logprobs(model, batch), atol=1e-6)
+
+
+def test_a_campaign_with_lora_is_refused_until_sync_and_checkpoints_carry_adapters():
+    from rftflow.components.config import CampaignConfig
+
+    with pytest.raises(ValueError, match="model.lora: campaigns with LoRA adapters are not supported yet"):
+        CampaignConfig.model_validate({"model": {"lora": {"rank": 8}}})
