@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from rftflow.components.campaign.bench import BenchModelError, eval_engine, held_out
+from rftflow.components.data.tasksets import by_part, taskset_of
 from rftflow.components.explore.workflows import make_workflow
 from rftflow.components.verify.rewards import campaign_rewards
 from rftflow.components.campaign.preflight import Preflight
@@ -126,9 +127,7 @@ def promote(checked: Preflight, version: str | None = None) -> Decision:
     reward_fn = campaign_rewards(cfg)
 
     parts = cfg.part_tasksets()
-    groups: dict[str | None, list[int]] = {}  # the tasks each workflow runs: a mixture part's, or the campaign's
-    for i, task in enumerate(tasks):
-        groups.setdefault(task.metadata.get("taskset") if parts else None, []).append(i)
+    groups = by_part(tasks)  # the tasks each workflow runs: a mixture part's, or (None) the campaign's
 
     def solved(v: str) -> list[bool]:  # (a models:/ reference never reads the campaign's store)
         engine = eval_engine(f"models:/{name}/{v}", None, uri, cfg)
@@ -150,7 +149,7 @@ def promote(checked: Preflight, version: str | None = None) -> Decision:
         mine, theirs = solved(challenger), solved(champion) if champion else None
         decision = decide(name, challenger, mine, champion, theirs,
                           margin=rules.margin, alpha=rules.alpha, min_accuracy=rules.min_accuracy)
-        decision = guard_regressions(decision, [t.metadata.get("taskset") for t in tasks], mine, theirs,
+        decision = guard_regressions(decision, [taskset_of(t) for t in tasks], mine, theirs,
                                      rules.max_regression)
     _record(client, decision, len(tasks))
     if decision.promoted:

@@ -36,7 +36,7 @@ from rftflow.components.config import CampaignConfig
 from rftflow.components.data.contracts import ContractBounds, ContractError, check_experiences, enforce
 from rftflow.components.data.pipelines import run_pipeline
 from rftflow.components.data.report import ValidationEntry
-from rftflow.components.data.tasksets import (Task, load_mixture, load_tasks, recheck_tasks, taskset_of,
+from rftflow.components.data.tasksets import (Task, by_part, load_mixture, load_tasks, recheck_tasks,
                                                tasks_from_table, tasks_to_table)
 from rftflow.components.explore.workflows import make_workflow, table_episode_metrics
 from rftflow.components.verify import scoring
@@ -282,19 +282,12 @@ class Campaign:
     @functools.cached_property
     def part_train(self) -> dict[str, list[Task]]:
         """A mixture's train tasks by part."""
-        out: dict[str, list[Task]] = {name: [] for name in self.parts}
-        for t in self.train_tasks:
-            out[taskset_of(t)].append(t)
-        return out
+        return {name: [self.train_tasks[i] for i in rows] for name, rows in by_part(self.train_tasks).items()}
 
     def _by_workflow(self, tasks: list[Task]) -> list[tuple[Any, list[Task]]]:
         """``tasks`` grouped by the workflow that runs them (a mixture part's, else the campaign's), in order."""
-        if not self.parts:
-            return [(self.workflow, tasks)] if tasks else []
-        groups: dict[str, list[Task]] = {}
-        for t in tasks:
-            groups.setdefault(taskset_of(t), []).append(t)
-        return [(self.workflows[name], some) for name, some in groups.items()]
+        return [(self.workflows[name] if self.parts else self.workflow, [tasks[i] for i in rows])
+                for name, rows in by_part(tasks).items()]
 
     def verify(self, round_no: int) -> dict[str, float]:
         """Score the rollouts, check the experience contract and run the experience pipeline
@@ -415,12 +408,9 @@ class Campaign:
         if not self.parts:
             return self.workflow.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.reward.function,
                                           self.cfg.eval.max_new_tokens)
-        by_part: dict[str, list[Task]] = {}
-        for t in self.eval_tasks:
-            by_part.setdefault(taskset_of(t), []).append(t)
-        results = {name: (len(tasks), self.workflows[name].evaluate(
-            self.engine, tasks, self.reward_fn, self.cfg.reward.function, self.cfg.eval.max_new_tokens))
-            for name, tasks in by_part.items()}
+        results = {name: (len(rows), self.workflows[name].evaluate(
+            self.engine, [self.eval_tasks[i] for i in rows], self.reward_fn, self.cfg.reward.function,
+            self.cfg.eval.max_new_tokens)) for name, rows in by_part(self.eval_tasks).items()}
         return mixture_metrics(results)
 
     # checkpoints -----------------------------------------------------------------------------

@@ -396,6 +396,14 @@ def taskset_of(task: Task) -> str | None:
     return task.metadata.get("taskset")
 
 
+def by_part(tasks: list[Task]) -> dict[str | None, list[int]]:
+    """The positions of ``tasks`` by mixture part (``taskset_of``), parts in order of first appearance."""
+    out: dict[str | None, list[int]] = {}
+    for i, task in enumerate(tasks):
+        out.setdefault(taskset_of(task), []).append(i)
+    return out
+
+
 def check_taskset(cfg: TasksetConfig, contracts: ContractsConfig | None = None) -> None:
     """Fail fast (``TasksetError``) on a bad taskset: the generator created, or the file read and its
     rows checked against the task contract (more than ``contracts.max_bad_fraction`` bad rows fail)."""
@@ -417,5 +425,5 @@ def tasks_from_table(table: pa.Table) -> list[Task]:
     return [Task(i, q, p, a, json.loads(m or "{}")) for i, q, p, a, m in zip(*columns)]  # column-wise, not row dicts
 
 
-__all__ = ["Task", "Taskset", "TasksetError", "check_taskset", "load_mixture", "load_tasks", "taskset_of", "read_rows", "reasoning_gym_tasks",
+__all__ = ["Task", "Taskset", "TasksetError", "check_taskset", "by_part", "load_mixture", "load_tasks", "taskset_of", "read_rows", "reasoning_gym_tasks",
            "recheck_tasks", "tasks_from_table", "tasks_to_table", "validated_tasks"]

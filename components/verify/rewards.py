@@ -134,7 +134,7 @@ class Rewards:
                  parts: dict[str, tuple[TasksetConfig, str | None]] | None = None):
         self.name, self.cfg, self.taskset, self.parts = cfg.function, cfg, taskset, parts or {}
         self._rewards: dict[tuple[str, str | None], object] = {}
-        for part_taskset, name in [(taskset, None), *self.parts.values()]:
+        for part_taskset, name in self.parts.values() or [(taskset, None)]:  # made now: a bad setting fails here
             for reward in [name] if name else {cfg.function, *cfg.domains.values()}:
                 self._reward(reward, part_taskset.source)
         self.format = format_reward(cfg.format.pattern) if cfg.format.weight > 0 else None

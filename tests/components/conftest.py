@@ -1,8 +1,9 @@
-"""Fixtures of the workflow tests: the built-in game and tool task, and a briefly warmed builtin:tiny."""
+"""Fixtures of the workflow and reward tests: the built-in game and tool task, a briefly warmed builtin:tiny, code tasks."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -60,3 +61,16 @@ def _setup(tiny, config: dict):
     return cfg, engine, workflow, load_tasks(cfg.taskset, 0).train
 
 
+
+
+def write_code_tasks(path, sums: bool = False) -> str:
+    """A JSONL taskset of 40 code tasks (write f(x) = x + k, with tests), and with ``sums`` 40 math
+    tasks (k + k) between them; returns its path."""
+    rows = []
+    for k in range(1, 41):
+        rows.append({"question": f"f(x)=x+{k}", "answer": f"    return x + {k}\n", "domain": "code",
+                     "code_prompt": "def f(x):\n", "entry_point": "f", "tests": f"assert f(1) == {1 + k}\n"})
+        if sums:
+            rows.append({"question": f"{k} + {k} =", "answer": str(2 * k), "domain": "math"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)

@@ -10,20 +10,11 @@ import pytest
 
 from rftflow.components.campaign.preflight import ConfigError, preflight
 from rftflow.components.campaign.run import CampaignRun
-
-
-def _tasks(path) -> str:
-    rows = []
-    for k in range(1, 41):  # code: write f(x) = x + k; math: the sum
-        rows.append({"question": f"f(x)=x+{k}", "answer": f"    return x + {k}\n", "domain": "code",
-                     "code_prompt": "def f(x):\n", "entry_point": "f", "tests": f"assert f(1) == {1 + k}\n"})
-        rows.append({"question": f"{k} + {k} =", "answer": str(2 * k), "domain": "math"})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+from tests.components.conftest import write_code_tasks
 
 
 def _overrides(tmp_path, small) -> list[str]:
-    return [*small, f"taskset.source={_tasks(tmp_path / 'mixed.jsonl')}", "taskset.eval_size=8",
+    return [*small, f"taskset.source={write_code_tasks(tmp_path / 'mixed.jsonl', sums=True)}", "taskset.eval_size=8",
             "taskset.prompt_template='{question}'", "reward.function=exact_match",
             "reward.domains={math: math, code: code}",
             "reward.code.timeout_seconds=5", "explorer.max_new_tokens=8", "eval.max_new_tokens=8"]

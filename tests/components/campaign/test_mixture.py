@@ -3,7 +3,6 @@ own held-out split, reward and metrics, and promotion checks every part."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
@@ -11,18 +10,11 @@ import pytest
 from rftflow.components.campaign.preflight import ConfigError, preflight
 from rftflow.components.campaign.promotion import Decision, guard_regressions
 from rftflow.components.campaign.run import CampaignRun
-
-
-def _code_tasks(path) -> str:
-    rows = [{"question": f"f(x)=x+{k}", "answer": f"    return x + {k}\n", "domain": "code",
-             "code_prompt": "def f(x):\n", "entry_point": "f", "tests": f"assert f(1) == {1 + k}\n"}
-            for k in range(1, 41)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+from tests.components.conftest import write_code_tasks
 
 
 def _mixture(tmp_path) -> list[str]:
-    code = _code_tasks(tmp_path / "code.jsonl")
+    code = write_code_tasks(tmp_path / "code.jsonl")
     return ["mixture=[{name: arith, weight: 3, taskset: {source: 'reasoning_gym:chain_sum', eval_size: 6}}, "
             f"{{name: code, weight: 1, reward: code, taskset: {{source: '{code}', prompt_template: '{{question}}', "
             "eval_size: 4, domain: code}}]",
