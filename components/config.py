@@ -48,8 +48,9 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
     chat_template: bool = Field(False, description="Wrap prompts in the tokenizer's chat template (instruct models).")
     lora: LoraConfig | None = Field(None, description="Train a LoRA adapter instead of every weight (None: full "
-                                    "weights). The trainer's part only so far: a campaign with one is refused until "
-                                    "sync, checkpoints and the registry carry adapters.")
+                                    "weights): the explorer samples with it merged in, checkpoints hold the adapter "
+                                    "and its optimizer state, the registered version is the adapter with a "
+                                    "`models:/` reference to its base.")
 
 
 class TasksetConfig(_Section):
@@ -376,6 +377,15 @@ class SyncConfig(_Section):
         1800.0, gt=0, description="Two processes: how long one waits for the other (weights, a round's "
         "experiences) before failing in one line.",
     )
+    check: bool = Field(True, description="After each sync (trainer and explorer in one process), check that the "
+                        "explorer holds what was published: the weight version and, where the engine can say "
+                        "(`hf`), the sha256 of the trained tensors; a sync that did not arrive fails the round.")
+    check_logprobs_every: int = Field(
+        10, ge=0, description="Every N-th checked sync (the first too) also compares the explorer's log-probs of "
+        "16 tokens it samples with the trainer's for the same tokens (0: never).",
+    )
+    logprob_tolerance: float = Field(0.02, gt=0, description="The largest log-prob difference (nats, any token) "
+                                     "that check accepts.")
 
 
 class BenchConfig(_Section):
@@ -648,9 +658,6 @@ class CampaignConfig(_Section):
                 first = e.errors()[0]
                 raise ValueError(f"mixture[{i}] ({part.name}).taskset.{'.'.join(map(str, first['loc']))}: "
                                  f"{first['msg']}") from None
-        if self.model.lora is not None:
-            raise ValueError("model.lora: campaigns with LoRA adapters are not supported yet (the trainer trains "
-                             "them; weight sync, checkpoints and the registry do not carry them yet)")
         if self.algorithm.name == "sft" and self.buffer.expert_per_round == 0:
             raise ValueError("buffer.expert_per_round must be > 0 for `sft` (it trains on expert rows only)")
         if self.mode in ("explore", "train") and self.sync.method != "checkpoint":

@@ -193,6 +193,12 @@ class Tracker:
         version = self.client.create_model_version(name, source=source, run_id=self.run_id, tags=dict(tags))
         return str(version.version)
 
+    def version_tagged(self, name: str, key: str, value: str) -> str | None:
+        """A version of registered model ``name`` tagged ``key`` = ``value`` (None: none, or no such model)."""
+        for version in self.client.search_model_versions(f"name='{name}' and tags.{key}='{value}'"):
+            return str(version.version)
+        return None
+
     def finish(self, status: str = "FINISHED") -> None:
         """End the run: FINISHED, FAILED or KILLED."""
         self.flush()

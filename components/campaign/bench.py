@@ -2,7 +2,8 @@
 
 Models (``bench.models``) are checkpoint versions of the campaign in the run's store
 (``checkpoint:12`` is ``checkpoints/v000012``, weight version 12; ``checkpoint:latest``), Hugging Face model directories, ``builtin:<name>``, or
-registered MLflow versions (``models:/name/3``, ``models:/name@champion``). Tasksets
+registered MLflow versions (``models:/name/3``, ``models:/name@champion``); a LoRA campaign's
+checkpoint or version is its adapter, evaluated merged into the base it names. Tasksets
 (``bench.tasksets``) are taskset sources, each held out the way the campaign holds out its own
 (``taskset.eval_size`` distinct tasks, ``seed``); none given: the campaign's held-out split. Each
 (model, taskset) pair is scored by greedy accuracy with the campaign's reward, as ``evaluate`` does.
@@ -24,6 +25,7 @@ from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.explore.models import load_model, resolve_model_path
 from rftflow.components.verify.rewards import make_rewards
 from rftflow.components.campaign.preflight import Preflight
+from rftflow.components.train import adapters
 from rftflow.components.tracking import Tracker
 
 
@@ -71,10 +73,22 @@ def download_model_version(ref: str, tracking_uri: str, into: Path) -> str:
     return mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(into), tracking_uri=tracking_uri)
 
 
+def load_bench_model(ref: str, store: WeightStore | None, tracking_uri: str, into: Path):
+    """(model, tokenizer) of ``ref`` (see ``resolve_bench_model``); a LoRA adapter (a checkpoint or
+    registered version of a LoRA campaign) is merged into the base it names, resolved the same way."""
+    path = resolve_bench_model(ref, store, tracking_uri, into)
+    if not adapters.is_adapter_dir(path):
+        return load_model(path)
+    base_dir = into / "base"
+    base_dir.mkdir()
+    model, tokenizer = load_bench_model(adapters.adapter_base(path), store, tracking_uri, base_dir)
+    return adapters.merge_into(model, path), tokenizer
+
+
 def eval_engine(ref: str, store: WeightStore | None, tracking_uri: str, cfg) -> HFRolloutEngine:
-    """An ``hf`` engine over model ``ref`` (see ``resolve_bench_model``), for greedy evaluation."""
+    """An ``hf`` engine over model ``ref`` (see ``load_bench_model``), for greedy evaluation."""
     with tempfile.TemporaryDirectory() as into:
-        model, tokenizer = load_model(resolve_bench_model(ref, store, tracking_uri, Path(into)))
+        model, tokenizer = load_bench_model(ref, store, tracking_uri, Path(into))
     return HFRolloutEngine(model, tokenizer, batch_size=cfg.explorer.batch_size, chat_template=cfg.model.chat_template)
 
 

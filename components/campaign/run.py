@@ -36,6 +36,9 @@ from rftflow.components.campaign.schedule import Phase, Planned, Step, phases, r
 from rftflow.components.campaign.stages import Campaign, StopFlag
 from rftflow.components.data.report import validation_report
 from rftflow.components.campaign.preflight import Preflight
+from rftflow.components.explore.engines import weights_digest
+from rftflow.components.explore.models import load_model
+from rftflow.components.train import adapters
 from rftflow.components.train.checkpoints import OPTIMIZER_FILES
 from rftflow.components.tracking import Tracker, charted
 
@@ -309,20 +312,45 @@ class CampaignRun:
     def register(self, round_no: int) -> dict[str, str]:
         """The final model (a Hugging Face model directory) logged to the MLflow run and registered
         as a version of ``tracking.registered_model``, once per run; tagged with the campaign, its
-        held-out accuracy and the Prefect flow run."""
+        held-out accuracy and the Prefect flow run. With LoRA the version is the adapter (PEFT's
+        files), naming its base by a ``models:/`` reference (``register_base``; tag ``base_model``)."""
         model_dir = self.run_dir / "model"
         shutil.rmtree(model_dir, ignore_errors=True)
-        self.campaign.trainer.unwrapped.save_pretrained(model_dir)
-        self.campaign.tokenizer.save_pretrained(model_dir)
-        source = self.tracker.log_artifacts(model_dir, "model")
         name = self.cfg.tracking.registered_model
         accuracy = self.state.evals.get(str(round_no))
         tags = {"campaign": self.cfg.name, "eval_accuracy": f"{accuracy:.4f}" if accuracy is not None else "",
                 "prefect.flow_run_id": self.flow_run_id or ""}
+        policy = self.campaign.trainer.unwrapped
+        if self.campaign.trainer.lora:
+            base = self.register_base()
+            adapters.save_adapter(policy, model_dir, base)
+            tags |= {"base_model": base, "adapter": "lora"}
+        else:
+            policy.save_pretrained(model_dir)
+        self.campaign.tokenizer.save_pretrained(model_dir)
+        source = self.tracker.log_artifacts(model_dir, "model")
         version = self.tracker.register(name, source, tags)
         self.state.model_version = version
         self.states.write(self.state)
         return {"model_name": name, "model_version": version, "model_uri": f"models:/{name}/{version}"}
+
+    def register_base(self) -> str:
+        """A LoRA campaign's base model as a version of ``<tracking.registered_model>-base``, once:
+        a version with the same weights (its ``weights_sha256`` tag) is reused. Its ``models:/`` URI."""
+        model, tokenizer = load_model(self.cfg.model.path, allow_download=self.cfg.model.allow_download,
+                                      dtype=self.cfg.model.dtype)
+        state = model.state_dict()
+        digest = weights_digest(state, state)
+        name = f"{self.cfg.tracking.registered_model}-base"
+        version = self.tracker.version_tagged(name, "weights_sha256", digest)
+        if version is None:
+            base_dir = self.run_dir / "base_model"
+            shutil.rmtree(base_dir, ignore_errors=True)
+            model.save_pretrained(base_dir)
+            tokenizer.save_pretrained(base_dir)
+            version = self.tracker.register(name, self.tracker.log_artifacts(base_dir, "base_model"),
+                                            {"weights_sha256": digest, "model_path": self.cfg.model.path})
+        return f"models:/{name}/{version}"
 
     def promote(self, round_no: int) -> dict[str, Any]:
         """The registered version against the ``champion`` alias (``components.promotion``): the

@@ -45,7 +45,7 @@ from rftflow.components.verify.scoring import mixture_metrics
 from rftflow.components.explore.engines import make_engine
 from rftflow.components.explore.models import load_model
 from rftflow.components.verify.rewards import campaign_rewards
-from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync
+from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync, check_sync
 from rftflow.components.campaign.preflight import Preflight, preflight
 from rftflow.components.campaign.schedule import ROUND, Step, sync_due
 from rftflow.components.train.checkpoints import load_trainer, save_trainer
@@ -114,7 +114,7 @@ class Campaign:
         if self.has_trainer:
             self.trainer = Trainer(policy, self.tokenizer.pad_token_id, cfg.trainer, self.algorithm,
                                    temperature=cfg.explorer.temperature, credit=cfg.workflow.credit,
-                                   gamma=cfg.workflow.gamma)
+                                   gamma=cfg.workflow.gamma, lora=cfg.model.lora)
             self.sampler = Sampler(self.store, cfg.buffer, self.algorithm,
                                    micro_batch_size=cfg.trainer.micro_batch_size, epochs=cfg.trainer.epochs,
                                    round_rows=cfg.explorer.tasks_per_round * cfg.explorer.repeat_times,
@@ -122,11 +122,12 @@ class Campaign:
                                    # rows older than the trainer: a second lane or process, replay, or sync every k > 1
                                    stale_possible=cfg.mode != "both" or cfg.buffer.sampling == "replay"
                                    or cfg.sync.interval > 1)
-        source = self.trainer.unwrapped if self.trainer else None
+        source = self.trainer.policy_weights if self.trainer else None
         target = self.engine if self.has_explorer else None
         self.weights = (MemoryWeightSync(source, target) if cfg.sync.method == "memory"
                         else StoreWeightSync(self.weight_store, source, target))
         self.policy_version = 0  # the trainer's: +1 after the warm start, +1 per trained round
+        self.syncs_checked = 0  # by ``check_sync`` in this process
         self.validation_log: list[ValidationEntry] = []
         self.verified: dict[int, pa.Table] = {}  # verify's rows of a round, until buffer has stored them
         self.stop = stop or StopFlag()  # set: stop after the current stage, end a wait or the warm start
@@ -368,9 +369,23 @@ class Campaign:
         """End the round: its queued writes are waited for (a failed one fails this stage); then the
         trainer's weights go to the explorer when due (``schedule.sync_due``). Returns the explorer's version."""
         self.store.flush()
+        metrics = {}
         if sync_due(self.cfg, round_no):
             self.weights.publish(self.policy_version)
-        return {"sync/weight_version": float(self.weights.version)}
+            metrics = self.check_sync()
+        return {"sync/weight_version": float(self.weights.version), **metrics}
+
+    def check_sync(self) -> dict[str, float]:
+        """``sync.check_sync`` after a publish, where trainer and explorer share this process (``sync.check``);
+        the log-probs every ``sync.check_logprobs_every``-th time, the first included."""
+        sync = self.cfg.sync
+        if not (sync.check and self.has_trainer and self.has_explorer):
+            return {}
+        every, self.syncs_checked = sync.check_logprobs_every, self.syncs_checked + 1
+        probe = self.engine.encode(self.train_tasks[0].prompt)
+        return check_sync(self.trainer, self.engine, self.policy_version, self.weights.version, probe,
+                          logprobs=bool(every) and (self.syncs_checked - 1) % every == 0,
+                          tolerance=sync.logprob_tolerance, temperature=self.cfg.explorer.temperature)
 
     def run_round(self, round_no: int) -> dict[str, float]:
         """The round's stages (``schedule.ROUND``) in order, without tracking or Prefect (tests,
@@ -419,7 +434,7 @@ class Campaign:
         Hugging Face model directory with the tokenizer, optimizer, critic, reference), the
         samplers' and torch's RNG states, the buffer's state files, the validation log — and commit
         it to the store as ``checkpoints/vNNNNNN`` (NNNNNN = the weight version). Returns its manifest."""
-        save_trainer(self.trainer, out)
+        save_trainer(self.trainer, out, base=self.cfg.model.path)
         self.tokenizer.save_pretrained(out)
         resume = {
             "round": round_no, "weight_version": self.policy_version,

@@ -31,7 +31,8 @@ KEEP_GENERATIONS = 20
 # Keys that say how to reach or keep things, not what the campaign computes: changing them on a
 # run dir does not make it another campaign.
 OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_seconds", "storage.write_behind",
-                    "checkpoint.keep_last", "checkpoint.keep_best", "sync.timeout_seconds", "explorer.base_url",
+                    "checkpoint.keep_last", "checkpoint.keep_best", "sync.timeout_seconds", "sync.check",
+                    "sync.check_logprobs_every", "sync.logprob_tolerance", "explorer.base_url",
                     "bench.models", "threads", "bench.tasksets", "promotion.margin", "promotion.alpha",
                     "promotion.min_accuracy", "retention.keep_rounds", "retention.after_campaign")
 OPERATIONAL_SECTIONS = ("orchestration",)  # how the steps are run: every key in it

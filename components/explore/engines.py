@@ -4,7 +4,8 @@ Every engine has ``encode(prompt)``, ``generate_ids(prompt_ids, n=, max_new_toke
 greedy=)`` → groups of ``Rollout`` (token ids and each sampled token's log-prob; token in, token
 out, so a multi-turn workflow extends a context without re-tokenising it), ``generate(prompts, …)``
 (the same on text prompts' encodings), and
-``load_state_dict(weights)``, which weight sync calls with the trainer's newest weights.
+``load_state_dict(weights)``, which weight sync calls with the trainer's newest weights (and, where
+the engine holds the weights itself, ``weights_digest(names)``, which the sync check compares).
 
 - ``hf``: a transformers model in this process, a batched decode loop with a KV cache.
 - ``openai``: an OpenAI-compatible completions server (``vllm serve``), over HTTP.
@@ -17,7 +18,9 @@ log-probs log softmax(logits / temperature)[token] are the behaviour policy's.
 from __future__ import annotations
 
 import functools
+import hashlib
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +76,10 @@ class HFRolloutEngine:
     @functools.cached_property
     def _tensors(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict(keep_vars=True)
+
+    def weights_digest(self, names: list[str]) -> str:
+        """sha256 of the named tensors this engine samples with (``weights_digest``)."""
+        return weights_digest(self._tensors, names)
 
     @torch.inference_mode()  # no autograd bookkeeping at all (no_grad still tracks versions)
     def _generate_batch(
@@ -267,7 +274,18 @@ class VLLMRolloutEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": out})
 
 
-def cpu_copies(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+@torch.no_grad()
+def weights_digest(weights: Mapping[str, torch.Tensor], names: Iterable[str]) -> str:
+    """sha256 over ``names`` (sorted) of ``weights``: each name, dtype, shape and bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(names):
+        tensor = weights[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def cpu_copies(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous CPU copies (safetensors refuses tensors that share memory, as tied embeddings do)."""
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}
 

@@ -10,9 +10,15 @@ the trainer's version minus a row's — is measurable and bounded (``algorithm.m
   then its manifest, then the ``weights/latest.json`` pointer; see ``ExperienceStore.write_weights``);
   ``pull`` loads a newer committed version into the explorer's model. The trainer and explorer
   may be two processes on two machines that share nothing but the store.
+
+With LoRA the trainer publishes the base's weights with its adapter merged in, so every engine
+loads what it loads for full weights. ``check_sync`` runs after each sync where trainer and
+explorer share a process: a sync that did not arrive fails the round in one line.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -20,25 +26,30 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from rftflow.components.buffer.weights import WeightStore
-from rftflow.components.explore.engines import cpu_copies
+from rftflow.components.explore.engines import cpu_copies, weights_digest
 
 KEEP_PUBLISHED = 3  # published versions kept in the store (a reader may still be loading the one before)
+PROBE_TOKENS = 16  # tokens the explorer samples for the log-prob check
+
+Weights = Callable[[], Mapping[str, torch.Tensor]]  # the trainer's weights to publish (``Trainer.policy_weights``)
+
+
+class SyncMismatch(RuntimeError):
+    """After a sync the explorer does not hold the weights the trainer published."""
 
 
 class MemoryWeightSync:
-    """Copies ``source`` (the trainer's policy) into ``target`` (the explorer's engine) in memory."""
+    """Copies ``source()`` (the trainer's policy weights) into ``target`` (the explorer's engine) in memory."""
 
     method = "memory"
 
-    def __init__(self, source: nn.Module, target: nn.Module, version: int = 0):
+    def __init__(self, source: Weights, target: nn.Module, version: int = 0):
         self.source, self.target, self.version = source, target, version
-        # the trainer's own tensors (updated in place by its optimizer), listed once
-        self._weights = source.state_dict(keep_vars=True)
 
     @torch.no_grad()
     def publish(self, version: int) -> int:
         """The explorer gets the trainer's weights as ``version``; returns it."""
-        self.target.load_state_dict(self._weights)
+        self.target.load_state_dict(self.source())
         self.version = version
         return version
 
@@ -52,7 +63,7 @@ class StoreWeightSync:
 
     method = "checkpoint"
 
-    def __init__(self, store: WeightStore, source: nn.Module | None = None, target: nn.Module | None = None):
+    def __init__(self, store: WeightStore, source: Weights | None = None, target: nn.Module | None = None):
         self.store, self.source, self.target = store, source, target
         self.version = 0 if source is not None else -1  # an explorer alone holds nothing published yet
 
@@ -63,7 +74,7 @@ class StoreWeightSync:
         explorer side, if any, loads them."""
         published = self.store.published_weights()
         if version not in published:
-            self.store.write_weights(version, save_safetensors(cpu_copies(self.source.state_dict())))
+            self.store.write_weights(version, save_safetensors(cpu_copies(self.source())))
             published.append(version)
         for old in published[:-KEEP_PUBLISHED]:
             self.store.delete_weights(old)
@@ -84,3 +95,33 @@ class StoreWeightSync:
             self.target.load_state_dict(load_safetensors(self.store.read_weights(newest)))
             self.version = newest
         return self.version
+
+
+def check_sync(trainer, engine, version: int, explorer_version: int, probe: Sequence[int], *,
+               logprobs: bool, tolerance: float, temperature: float) -> dict[str, float]:
+    """After a sync, that the explorer holds what the trainer published, or ``SyncMismatch`` in one
+    line: the weight version both report; the sha256 of the trained tensors both hold (engines that
+    can say: ``hf``; a server cannot); and, with ``logprobs``, the explorer's log-probs of
+    ``PROBE_TOKENS`` tokens it samples after ``probe`` equal the trainer's for the same tokens,
+    max |Δ| ≤ ``tolerance`` nats. Returns the check's metrics."""
+    if explorer_version != version:
+        raise SyncMismatch(f"weight sync: the explorer holds version {explorer_version}, the trainer published "
+                           f"{version}")
+    names = trainer.trained_names()
+    held = engine.weights_digest(names) if hasattr(engine, "weights_digest") else None
+    if held is not None and held != (published := weights_digest(trainer.policy_weights(), names)):
+        raise SyncMismatch(f"weight sync of version {version} did not arrive: the explorer's weights have sha256 "
+                           f"{held[:12]}, the trainer published {published[:12]}")
+    metrics = {"sync/checked": 1.0}
+    if logprobs:
+        with torch.random.fork_rng():  # the probe's draw leaves the campaign's random state as it was
+            [[rollout]] = engine.generate_ids([list(probe)], n=1, max_new_tokens=PROBE_TOKENS,
+                                              temperature=temperature)
+        ours = trainer.logprobs_of(rollout.prompt_ids, rollout.response_ids)
+        diff = float((ours - torch.tensor(rollout.logprobs)).abs().max())
+        if diff > tolerance:
+            raise SyncMismatch(f"weight sync of version {version}: the explorer's log-probs differ from the "
+                               f"trainer's by up to {diff:.4f} nats (tolerance {tolerance}) on the same "
+                               f"{len(rollout.response_ids)} tokens: it samples from other weights")
+        metrics["sync/logprob_max_diff"] = diff
+    return metrics

@@ -3,6 +3,7 @@
 Layout (the policy part is a Hugging Face model directory, loadable with ``from_pretrained``)::
 
     model.safetensors, config.json, generation_config.json   the policy's weights
+      (LoRA: adapter_model.safetensors, adapter_config.json    the adapter, naming its base)
     optimizer.pt                                              AdamW state (torch.save)
     trainer.json                                              step count, learning rate
     critic/ + critic_optimizer.pt                             PPO's value model, when there is one
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
+from rftflow.components.train import adapters
 from rftflow.components.train.trainer import Trainer
 
 
@@ -27,10 +29,14 @@ OPTIMIZER, CRITIC_OPTIMIZER = "optimizer.pt", "critic_optimizer.pt"
 OPTIMIZER_FILES = (OPTIMIZER, CRITIC_OPTIMIZER)  # resume state only: 2x the weights' size under AdamW
 
 
-def save_trainer(trainer: Trainer, out: Path) -> None:
-    """Write ``trainer``'s policy, optimizer, counters (and critic, reference) under ``out``."""
+def save_trainer(trainer: Trainer, out: Path, base: str | None = None) -> None:
+    """Write ``trainer``'s policy, optimizer, counters (and critic, reference) under ``out``; with
+    LoRA the policy is its adapter, naming ``base`` as its base model."""
     out.mkdir(parents=True, exist_ok=True)
-    trainer.unwrapped.save_pretrained(out)
+    if trainer.lora:
+        adapters.save_adapter(trainer.unwrapped, out, base or trainer.unwrapped.get_base_model().name_or_path)
+    else:
+        trainer.unwrapped.save_pretrained(out)
     torch.save(trainer.optimizer.state_dict(), out / OPTIMIZER)
     lr = trainer.optimizer.param_groups[0]["lr"]
     (out / "trainer.json").write_text(json.dumps({"steps": trainer.steps, "lr": lr}))
@@ -43,7 +49,10 @@ def save_trainer(trainer: Trainer, out: Path) -> None:
 
 def load_trainer(trainer: Trainer, src: Path) -> None:
     """Restore what ``save_trainer`` wrote into ``trainer`` (made with the same config)."""
-    _copy_weights(trainer.unwrapped, AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype))
+    if trainer.lora:
+        adapters.load_adapter(trainer.unwrapped, src)
+    else:
+        _copy_weights(trainer.unwrapped, AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype))
     trainer.optimizer.load_state_dict(torch.load(src / OPTIMIZER, weights_only=True))
     counters = json.loads((src / "trainer.json").read_text())
     trainer.steps = counters["steps"]

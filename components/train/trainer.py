@@ -8,6 +8,7 @@ optimizer step per micro-batch. Token layout: ``train.batching``.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from rftflow.components.algorithms.advantages import discounted_turn_advantages,
 from rftflow.components.config import TrainerConfig
 from rftflow.components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, packs, padded_mask,
                                       response_logits, response_logprobs)
+from rftflow.components.train import adapters
 from rftflow.components.train.critic import Critic
 from rftflow.components.train.optim import adamw, cosine
 
@@ -39,10 +41,7 @@ class Trainer:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         self.lora = lora is not None
         if self.lora:  # the base frozen, an adapter on top (PEFT); the optimizer holds the adapter's state only
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                     target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+            model = adapters.wrap(model, lora)
         optimizer = adamw([p for p in model.parameters() if p.requires_grad], trainer.lr, trainer.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         # packed or padded micro-batches (``batch_tensors``); a model (or wrapper) that cannot take the
@@ -157,6 +156,28 @@ class Trainer:
     @property
     def unwrapped(self) -> PreTrainedModel:
         return self.accelerator.unwrap_model(self.model)
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The weights an explorer samples with, under the base model's names: the policy's own
+        tensors, or with LoRA the base's with the adapter merged in (``adapters.merged_weights``)."""
+        if self.lora:
+            return adapters.merged_weights(self.unwrapped)
+        return self._own_tensors
+
+    @functools.cached_property
+    def _own_tensors(self) -> dict[str, torch.Tensor]:
+        return self.unwrapped.state_dict(keep_vars=True)  # updated in place by the optimizer: listed once
+
+    def trained_names(self) -> list[str]:
+        """The names (in ``policy_weights``) of the tensors training changes: the adapted layers'
+        with LoRA, else all."""
+        return adapters.adapter_names(self.unwrapped) if self.lora else sorted(self._own_tensors)
+
+    @torch.no_grad()
+    def logprobs_of(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> torch.Tensor:
+        """log π(response token | context) at the sampling temperature, per response token (R,)."""
+        row = {"prompt_ids": list(prompt_ids), "response_ids": list(response_ids)}
+        return response_logprobs(self.model, self._batch([row]), self.temperature)[0].cpu()
 
     def _step(self, rows: Sequence[Row], batch: Mapping[str, torch.Tensor], advantages: torch.Tensor, loss_fn,
               options: dict) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """``rftflow run`` SIGKILLed at random moments (in explore, train, a shard write, a checkpoint
 write, …), then run again until it finishes: every trial ends with exactly its rounds in the store
 and in MLflow, the configured rows in every round, no experience twice, one MLflow run, and the
-final model bit for bit the uninterrupted run's (10 trials, 3 of them on S3). Also: no process
+final model bit for bit the uninterrupted run's (10 trials, 3 of them on S3; 2 more of a LoRA
+campaign, whose adapter is compared). Also: no process
 outlives a killed run, and SIGTERM stops a run at a safe point that the same command resumes.
 The reference, the trials and the SIGTERM run go two at a time (single-threaded processes).
 
@@ -93,7 +94,7 @@ def check_trial(run_dir: Path, reference: dict) -> None:
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_accuracy_after"] == reference["accuracy"]
-    assert sha256(run_dir / "model" / "model.safetensors") == reference["weights"]  # state equal, not close
+    assert final_weights(run_dir) == reference["weights"]  # state equal, not close
     url, options = recorded_store(run_dir)
     usual = ExperienceStore(open_store(url, **options), "killed").read_kind("usual")
     per_round = usual.group_by("round").aggregate([([], "count_all")]).to_pylist()
@@ -127,18 +128,28 @@ KILL_AT = ["explore[r=1]", "train[r=1]", "buffer[r=2]", "checkpoint[r=2]", "expl
            "warm_start[r=0]", "checkpoint[r=4]", "verify[r=2]", "sync[r=3]"]
 TRIALS = range(len(KILL_AT))
 S3_TRIALS = range(7, 10)  # three trials on the S3 test server
+# a LoRA campaign (checkpoints hold the adapter and its optimizer state), killed in these steps
+LORA = ["model.lora={rank: 8, alpha: 16}", "trainer.warmup_lr=1.0e-2"]
+LORA_KILL_AT = ["train[r=3]", "checkpoint[r=2]"]
 
 
-def reference_run(run_dir: Path, env: dict) -> dict:
+def final_weights(run_dir: Path) -> str:
+    """sha256 of the registered model's weights (with LoRA: its adapter's)."""
+    adapter = run_dir / "model" / "adapter_model.safetensors"
+    return sha256(adapter if adapter.exists() else run_dir / "model" / "model.safetensors")
+
+
+def reference_run(run_dir: Path, env: dict, extra: list[str] = ()) -> dict:
     """The uninterrupted campaign: its held-out accuracy and final weights."""
-    finish(run_dir, env=env)
+    finish(run_dir, *extra, env=env)
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"accuracy": summary["eval_accuracy_after"], "weights": sha256(run_dir / "model" / "model.safetensors")}
+    return {"accuracy": summary["eval_accuracy_after"], "weights": final_weights(run_dir)}
 
 
-def kill_trial(run_dir: Path, env: dict, n: int, extra: list[str]) -> dict:
-    """Trial ``n``: kill ``rftflow run`` during its step, then run the same command once, to its end."""
-    step = KILL_AT[n]
+def kill_trial(run_dir: Path, env: dict, n: int, extra: list[str], step: str | None = None) -> dict:
+    """Trial ``n``: kill ``rftflow run`` during its step (``KILL_AT[n]`` unless given), then run the
+    same command once, to its end."""
+    step = step or KILL_AT[n]
     # into the step: at once (a stage of this campaign takes milliseconds), or into the warm start's steps
     delay = random.Random(n).uniform(0.0, 0.2) if step.startswith("warm_start") else 0.0
     lines = kill_during(run_dir, step, delay, *extra, env=env)
@@ -178,7 +189,10 @@ def runs(env, tmp_path_factory, request) -> dict:
     extras = {n: [f"storage.url=s3://{server.new_bucket()}/trial{n}", f"storage.endpoint_url={server.endpoint_url}",
                   "storage.addressing_style=path"] if n in S3_TRIALS else [] for n in TRIALS}
     jobs = {"reference": (reference_run, env), "sigterm": (sigterm_run, env),
-            **{n: (partial(kill_trial, n=n, extra=extras[n]), s3_env if extras[n] else env) for n in TRIALS}}
+            **{n: (partial(kill_trial, n=n, extra=extras[n]), s3_env if extras[n] else env) for n in TRIALS},
+            "lora-reference": (partial(reference_run, extra=LORA), env),
+            **{f"lora-{step}": (partial(kill_trial, n=i, extra=LORA, step=step), env)
+               for i, step in enumerate(LORA_KILL_AT)}}
 
     def job(name) -> dict:
         work, job_env = jobs[name]
@@ -218,6 +232,13 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(trial, runs, env, refe
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}), get_client(sync_client=True) as client:
         crashed = client.read_flow_run(_attempts(killed["run_dir"])[0]["flow_run_id"])
     assert crashed.state.type.value == "CRASHED" and state["prefect_flow_run_id"] in crashed.state.message
+
+
+@pytest.mark.parametrize("step", LORA_KILL_AT)
+def test_a_killed_lora_run_resumes_to_the_uninterrupted_adapter(step, runs):
+    killed = outcome(runs, f"lora-{step}")
+    assert (killed["run_dir"] / "model" / "adapter_config.json").is_file()
+    check_trial(killed["run_dir"], outcome(runs, "lora-reference"))
 
 
 def _attempts(run_dir: Path) -> list[dict]:

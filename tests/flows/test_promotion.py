@@ -66,3 +66,85 @@ def test_only_a_clearly_better_challenger_becomes_champion(prefect_api, tmp_path
     assert float(tags["2"]["promotion.accuracy"]) == strong["eval_accuracy_after"]
     assert float(tags["2"]["promotion.p_value"]) < 0.05 and tags["1"]["promotion.defended.v2"] == "lost"
     assert tags["2"][f"promotion.defended.v{worse}"] == "kept" and tags[worse]["promotion.champion"] == "2"
+
+
+# another machine: mlflow, transformers and PEFT only, a fresh HOME; the version's answers to every task
+LOAD_ELSEWHERE = """
+import json, sys, tempfile
+import mlflow, torch
+from mlflow import MlflowClient
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+uri, name, version, questions = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+client = MlflowClient(uri, registry_uri=uri)
+def files(name, version):
+    return mlflow.artifacts.download_artifacts(client.get_model_version_download_uri(name, version),
+                                               dst_path=tempfile.mkdtemp(), tracking_uri=uri)
+base_name, base_version = client.get_model_version(name, version).tags["base_model"].removeprefix("models:/").split("/")
+adapter = files(name, version)
+tokenizer = AutoTokenizer.from_pretrained(adapter)
+model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(files(base_name, base_version)), adapter)
+model = model.merge_and_unload().eval()
+answers = []
+for q in questions:
+    ids = torch.tensor([tokenizer(q + "=", add_special_tokens=False)["input_ids"]])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
+                         pad_token_id=tokenizer.pad_token_id)
+    answers.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+print(json.dumps(answers))
+"""
+
+
+def test_lora_versions_name_their_base_once_load_elsewhere_and_are_promoted(tmp_path, default_config):
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from rftflow.components.campaign.bench import eval_engine
+    from rftflow.components.campaign.preflight import preflight
+    from rftflow.components.campaign.promotion import promote
+    from rftflow.components.campaign.run import CampaignRun
+
+    tasks = tmp_path / "compare.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    campaign = ["rounds=1", f"taskset.source={tasks}", "taskset.eval_size=40", "taskset.prompt_template={question}=",
+                "reward.function=exact_match", "explorer.max_new_tokens=3", "eval.max_new_tokens=3",
+                "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
+                "buffer.expert_per_round=16", f"tracking.uri={uri}", "tracking.registered_model=adapted",
+                "promotion.min_accuracy=0", "promotion.after_campaign=false",
+                "model.lora={rank: 16, alpha: 64}", "trainer.warmup_lr=3.0e-3"]
+
+    def train(name: str, steps: int) -> dict:
+        return CampaignRun(preflight(default_config, tmp_path / name, [*campaign, f"name={name}",
+                                                                       f"trainer.warmup_steps={steps}"])).run()
+
+    weak, strong = train("weak", 0), train("strong", 400)  # adapter versions 1 and 2
+    assert weak["eval_accuracy_after"] < 0.2 < 0.5 < strong["eval_accuracy_after"]
+    client = MlflowClient(uri, registry_uri=uri)
+    assert [str(v.version) for v in client.search_model_versions("name='adapted-base'")] == ["1"]  # the base, once
+    for v in ("1", "2"):
+        version = client.get_model_version("adapted", v)
+        assert version.tags["base_model"] == "models:/adapted-base/1" and version.tags["adapter"] == "lora"
+
+    checked = preflight(default_config, tmp_path / "weak", [*campaign, "name=weak", "trainer.warmup_steps=0"])
+    assert promote(checked, "1").promoted  # no champion yet: the floor (0 here) decides
+    decision = promote(checked, "2")
+    assert decision.promoted and decision.p_value < 0.05
+    assert str(client.get_model_version_by_alias("adapted", "champion").version) == "2"
+    assert float(client.get_model_version("adapted", "2").tags["promotion.accuracy"]) == strong["eval_accuracy_after"]
+
+    questions = [t["question"] for t in TASKS]
+    home = tmp_path / "elsewhere"
+    home.mkdir()
+    done = subprocess.run([sys.executable, "-c", LOAD_ELSEWHERE, uri, "adapted", "2", json.dumps(questions)],
+                          cwd=home, env={"PATH": "/usr/bin:/bin", "HOME": str(home), "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = json.loads(done.stdout.splitlines()[-1])
+    engine = eval_engine("models:/adapted@champion", None, uri, checked.cfg)  # as promotion and `evaluate` load it
+    ours = [g[0].text for g in engine.generate([q + "=" for q in questions], max_new_tokens=3, greedy=True)]
+    assert answers == ours
+    assert sum(a == t["answer"] for a, t in zip(answers, TASKS)) > 0.5 * len(TASKS)

@@ -139,3 +139,26 @@ def test_multi_turn_episodes_on_the_openai_engine_match_the_trainers_logprobs(se
             ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(e.ids)[:, None])[:, 0]
             worst = max([worst, *(abs(float(a) - b) for a, b, m in zip(ours, e.logprobs, e.mask) if m)])
     assert worst < LOGPROB_TOLERANCE, worst
+
+
+@needs_server
+def test_a_lora_campaign_syncs_merged_weights_to_the_server_and_checks_them_by_logprobs(server, tmp_path,
+                                                                                         default_config, small):
+    from rftflow.components.campaign.schedule import ROUND
+    from rftflow.components.campaign.stages import Campaign
+    from rftflow.components.explore.sync import SyncMismatch
+
+    campaign = Campaign(default_config, tmp_path, [
+        *small, "name=lora-served", "explorer.engine=openai", f"explorer.base_url={server}",
+        "explorer.served_model=tiny", "model.lora={rank: 8, alpha: 16}", "trainer.lr=2.0e-2",
+        "sync.check_logprobs_every=1", f"sync.logprob_tolerance={LOGPROB_TOLERANCE}"])
+    campaign.prepare()
+    campaign.warm_start()
+    for round_no in (1, 2):  # the server reloads the merged weights; its log-probs are the trainer's
+        metrics = campaign.run_round(round_no)
+        assert metrics["sync/checked"] == 1.0 and metrics["sync/logprob_max_diff"] < LOGPROB_TOLERANCE
+    for stage in ROUND[:-1]:
+        campaign.stage(stage, 3)
+    campaign.engine.load_state_dict = lambda weights: None  # a sync that never reaches the server
+    with pytest.raises(SyncMismatch, match="the explorer's log-probs differ from the trainer's"):
+        campaign.sync(3)

@@ -165,10 +165,3 @@ def test_a_lora_trainer_moves_the_adapter_only_and_its_reference_is_the_base_wit
     assert len(state) == len(adapter)  # the optimizer holds the adapter's moments only
     batch = batch_tensors(rows, tokenizer.pad_token_id)
     assert torch.allclose(trainer._reference_logprobs(batch), response_logprobs(model, batch), atol=1e-6)
-
-
-def test_a_campaign_with_lora_is_refused_until_sync_and_checkpoints_carry_adapters():
-    from rftflow.components.config import CampaignConfig
-
-    with pytest.raises(ValueError, match="model.lora: campaigns with LoRA adapters are not supported yet"):
-        CampaignConfig.model_validate({"model": {"lora": {"rank": 8}}})
