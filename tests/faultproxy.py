@@ -4,6 +4,7 @@
         proxy.refuse()                          # the port is closed: connections are refused
         proxy.slow_down()                       # every request is answered 503 SlowDown
         proxy.hang()                            # connections are accepted, requests never answered
+        proxy.lose_answers()                    # requests reach the server, its answers are dropped
         proxy.forward()                         # back to normal
         proxy.forward(delay=0.01)               # forwarding, each chunk a client sends held 10 ms first
                                                 # (open connections too)
@@ -11,7 +12,8 @@
 ``refuse`` also cuts the connections that are open (a client's keep-alive pool sees resets);
 ``slow_down`` reads each request (headers and body) and answers as S3 does when throttling;
 ``hang`` is a server frozen mid-flight (SIGSTOP): open connections stop being forwarded and new ones
-are accepted and read, never answered, never closed.
+are accepted and read, never answered, never closed. ``lose_answers`` is a network that fails
+after the server acted: each request is forwarded, and the connection is cut when its answer comes.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class FaultProxy:
 
     def hang(self) -> None:
         self._set("hang")
+
+    def lose_answers(self) -> None:
+        self._set("lose_answers")
 
     def _set(self, mode: str) -> None:
         with self._lock:
@@ -98,7 +103,8 @@ class FaultProxy:
             with self._lock:
                 mode = self.mode
                 self._open.add(client)
-            target = {"slow_down": self._slow_down, "hang": self._hang}.get(mode, self._forward)
+            target = {"slow_down": self._slow_down, "hang": self._hang,
+                      "lose_answers": self._lose_answer}.get(mode, self._forward)
             threading.Thread(target=target, args=(client,), daemon=True).start()
 
     def _forward(self, client: socket.socket) -> None:
@@ -111,6 +117,23 @@ class FaultProxy:
             self._open.add(upstream)
         threading.Thread(target=_pump, args=(upstream, client, False, self), daemon=True).start()
         _pump(client, upstream, True, self)
+
+    def _lose_answer(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.upstream)
+        except OSError:
+            _close(client)
+            return
+        threading.Thread(target=_pump, args=(client, upstream, True, self), daemon=True).start()
+        try:
+            while (answer := upstream.recv(65536)).startswith(b"HTTP/1.1 100 "):
+                client.sendall(answer)  # "100 Continue": the client sends its body
+            # the server has acted and answers: the client never hears it
+        except OSError:
+            pass
+        finally:
+            _close(upstream)
+            _close(client)
 
     def _hang(self, client: socket.socket) -> None:
         try:

@@ -356,8 +356,8 @@ class S3Store:
         One outage is shared by every thread using this store: it begins with the first failed try
         anywhere, is logged once, and ends with the next success; a call that fails during it has
         only the budget left. Every operation here is safe to repeat: puts write whole objects,
-        and a put-if-absent repeated after its first try reached the store answers False, which
-        callers treat as "already there"."""
+        and a put-if-absent repeated after a try that wrote the object but lost its answer finds
+        its own bytes there and answers True (``put``)."""
         tries = 0
         while True:
             began = time.monotonic()
@@ -396,7 +396,15 @@ class S3Store:
         412 PreconditionFailed → False. A 409 ConditionalRequestConflict (a concurrent write or
         delete of the key) → False if the key now exists, else the error is raised.
         """
-        return self._outlasting(f"put {key}", lambda: self._put(key, data, if_absent))
+        tries = 0
+
+        def attempt() -> bool:
+            nonlocal tries
+            tries += 1
+            # an earlier try may have written the object and lost its answer: then the object is this one
+            return self._put(key, data, if_absent) or (tries > 1 and self._get(key) == data)
+
+        return self._outlasting(f"put {key}", attempt)
 
     def _put(self, key: str, data: bytes, if_absent: bool) -> bool:
         from botocore.exceptions import ClientError

@@ -302,6 +302,26 @@ def test_threads_in_one_outage_share_its_budget_and_its_one_warning(s3_server, s
         assert len([r for r in caplog.records if "retrying for up to 6 s" in r.getMessage()]) == 2
 
 
+def test_a_put_if_absent_whose_answer_was_lost_finds_its_own_object_and_succeeds(s3_server, s3_bucket):
+    """A commit marker's put reaches the store, the connection drops before the answer: the retry's
+    412 is this put's own earlier write, not another writer's."""
+    import threading
+    from urllib.parse import urlsplit
+
+    from tests.faultproxy import FaultProxy
+
+    with FaultProxy(urlsplit(s3_server.endpoint_url).port) as proxy, \
+            open_store(f"s3://{s3_bucket}/lost", endpoint_url=proxy.endpoint_url, max_attempts=1,
+                       outage_seconds=60) as store:
+        proxy.lose_answers()
+        back = threading.Timer(1.5, proxy.forward)
+        back.start()
+        assert store.put("marker", b"mine", if_absent=True)  # written by a try whose answer was lost
+        back.join()
+        assert store.get("marker") == b"mine"
+        assert not store.put("marker", b"theirs", if_absent=True)  # another writer's bytes still lose
+
+
 def test_s3_secrets_never_appear_in_url_repr_pickle_errors_or_logs(s3_server, s3_bucket, monkeypatch, caplog):
     secret, token = "SECRET-sentinel-7f3a9c", "TOKEN-sentinel-1b2d4e"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)  # moto accepts any credentials
