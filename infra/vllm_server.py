@@ -23,10 +23,11 @@ def vllm_available() -> bool:
 
 @contextmanager
 def vllm_server(model_dir: str, *, served_model: str = "model", threads: int = 2, log: Path | None = None,
-                startup_seconds: float = 300.0, eager: bool = True) -> Iterator[str]:
+                startup_seconds: float = 300.0, eager: bool = True, lora_rank: int | None = None) -> Iterator[str]:
     """``vllm serve model_dir`` on a free port; yields its base URL; stopped on exit. ``eager``
     (``--enforce-eager``) skips vLLM's torch.compile (the slowest part of its start-up without a
-    compile cache), the model run as the trainer runs it."""
+    compile cache), the model run as the trainer runs it. ``lora_rank``: LoRA adapters up to that
+    rank, loaded at run time (``/v1/load_lora_adapter``)."""
     import httpx
 
     from rftflow.flows.servers import free_port
@@ -34,13 +35,17 @@ def vllm_server(model_dir: str, *, served_model: str = "model", threads: int = 2
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(threads),
            "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    lora = []
+    if lora_rank is not None:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        lora = ["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", "1"]
     sink = log.open("w") if log else subprocess.DEVNULL
     # the api_server module, not the `vllm` CLI: vllm-cpu's CLI asks for the distribution "vllm"
     # (importlib.metadata), which the package installed as "vllm-cpu" does not provide
     proc = subprocess.Popen([str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
                              "--model", model_dir, "--host", "127.0.0.1", "--port",
                              str(port), "--served-model-name", served_model, "--dtype", "float32",
-                             "--max-model-len", "256", "--seed", "0", *(["--enforce-eager"] if eager else [])],
+                             "--max-model-len", "256", "--seed", "0", *(["--enforce-eager"] if eager else []), *lora],
                              env=env, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -48,6 +48,7 @@ from rftflow.components.verify.rewards import campaign_rewards
 from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync, check_sync
 from rftflow.components.campaign.preflight import Preflight, preflight
 from rftflow.components.campaign.schedule import ROUND, Step, sync_due
+from rftflow.components.train import adapters
 from rftflow.components.train.checkpoints import load_trainer, save_trainer
 from rftflow.components.train.trainer import Trainer
 
@@ -124,7 +125,9 @@ class Campaign:
                                    or cfg.sync.interval > 1)
         source = self.trainer.policy_weights if self.trainer else None
         target = self.engine if self.has_explorer else None
-        self.weights = (MemoryWeightSync(source, target) if cfg.sync.method == "memory"
+        adapter = (functools.partial(adapters.save_adapter, self.trainer.unwrapped, base=cfg.model.path)
+                   if self.trainer and self.trainer.lora else None)  # for a server that loads adapters itself
+        self.weights = (MemoryWeightSync(source, target, adapter=adapter) if cfg.sync.method == "memory"
                         else StoreWeightSync(self.weight_store, source, target))
         self.policy_version = 0  # the trainer's: +1 after the warm start, +1 per trained round
         self.syncs_checked = 0  # by ``check_sync`` in this process

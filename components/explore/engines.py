@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rftflow.components.data.prompts import encode_prompt
 from rftflow.components.explore.decode import decode_steps, prefill
+
+
+ADAPTER_NAME = "rftflow-policy"  # the name a server that loads LoRA adapters serves the policy's under
 
 
 @dataclass
@@ -163,7 +168,8 @@ class OpenAIRolloutEngine:
 
     After a sync the server loads the new weights in place (``load_state_dict``): they are written
     to a temporary directory that the server reads, so it runs on this machine (or sees its
-    ``/tmp``), with ``VLLM_SERVER_DEV_MODE=1`` for vLLM's ``/collective_rpc`` endpoint.
+    ``/tmp``), with ``VLLM_SERVER_DEV_MODE=1`` for vLLM's ``/collective_rpc`` endpoint. A LoRA
+    policy's adapter is loaded instead of merged weights where the server can (``load_adapter``).
     """
 
     def __init__(self, base_url: str, served_model: str, tokenizer: PreTrainedTokenizerBase, *,
@@ -173,6 +179,8 @@ class OpenAIRolloutEngine:
         self.base_url, self.served_model, self.tokenizer = base_url.rstrip("/"), served_model, tokenizer
         self.batch_size, self.chat_template = batch_size, chat_template
         self.client = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self.adapters: bool | None = None  # whether the server loads LoRA adapters at run time (None: not asked yet)
+        self._adapter_files: weakref.finalize | None = None  # removes the directory of the adapter it serves
 
     def encode(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
@@ -198,7 +206,8 @@ class OpenAIRolloutEngine:
         groups: list[list[Rollout]] = []
         for start in range(0, len(encoded), per_request):
             chunk = encoded[start:start + per_request]
-            body = {"model": self.served_model, "prompt": chunk, "n": n, "max_tokens": max_new_tokens,
+            model = ADAPTER_NAME if self.adapters else self.served_model
+            body = {"model": model, "prompt": chunk, "n": n, "max_tokens": max_new_tokens,
                     "temperature": 0.0 if greedy else temperature, "top_p": 1.0, "top_k": -1, "logprobs": 0,
                     "return_token_ids": True, "skip_special_tokens": True}
             choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
@@ -223,6 +232,32 @@ class OpenAIRolloutEngine:
         with tempfile.TemporaryDirectory(prefix="rftflow-weights-") as out:
             save_file(cpu_copies(weights), str(Path(out) / "model.safetensors"))
             self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": out}})
+
+    def load_adapter(self, write: Callable[[Path], None]) -> bool:
+        """A LoRA policy's sync where the server loads adapters at run time (vLLM with ``--enable-lora``
+        and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``): the adapter ``write(dir)`` writes is loaded in
+        place as ``ADAPTER_NAME``, and completions are asked of it from then on. False, nothing
+        loaded, where the server has no such endpoint: the caller reloads merged weights instead.
+        The directory stays until the next adapter replaces it (the server may read it again)."""
+        if self.adapters is False:
+            return False
+        out = Path(tempfile.mkdtemp(prefix="rftflow-adapter-"))
+        write(out)
+        body = {"lora_name": ADAPTER_NAME, "lora_path": str(out), "load_inplace": True}
+        response = self.client.post("/v1/load_lora_adapter", json=body)
+        if response.status_code == 404:  # no run-time LoRA loading on this server
+            shutil.rmtree(out, ignore_errors=True)
+            self.adapters = False
+            return False
+        if response.status_code != 200:
+            shutil.rmtree(out, ignore_errors=True)
+            raise RuntimeError(f"{self.base_url}/v1/load_lora_adapter: HTTP {response.status_code}: "
+                               f"{response.text[:300]}")
+        if self._adapter_files is not None:
+            self._adapter_files()  # the previous adapter's directory goes
+        self._adapter_files = weakref.finalize(self, shutil.rmtree, str(out), True)  # this one at the end
+        self.adapters = True
+        return True
 
 
 class VLLMRolloutEngine:

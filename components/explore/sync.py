@@ -12,13 +12,15 @@ the trainer's version minus a row's — is measurable and bounded (``algorithm.m
   may be two processes on two machines that share nothing but the store.
 
 With LoRA the trainer publishes the base's weights with its adapter merged in, so every engine
-loads what it loads for full weights. ``check_sync`` runs after each sync where trainer and
+loads what it loads for full weights; a server that loads LoRA adapters at run time gets the
+adapter instead (``memory``). ``check_sync`` runs after each sync where trainer and
 explorer share a process: a sync that did not arrive fails the round in one line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -43,13 +45,17 @@ class MemoryWeightSync:
 
     method = "memory"
 
-    def __init__(self, source: Weights, target: nn.Module, version: int = 0):
-        self.source, self.target, self.version = source, target, version
+    def __init__(self, source: Weights, target: nn.Module, version: int = 0,
+                 adapter: Callable[[Path], None] | None = None):
+        self.source, self.target, self.version, self.adapter = source, target, version, adapter
 
     @torch.no_grad()
     def publish(self, version: int) -> int:
-        """The explorer gets the trainer's weights as ``version``; returns it."""
-        self.target.load_state_dict(self.source())
+        """The explorer gets the trainer's weights as ``version``; returns it. With ``adapter`` (a
+        LoRA trainer's: writes its adapter's files) an engine that loads adapters itself gets those."""
+        loader = getattr(self.target, "load_adapter", None)
+        if not (self.adapter is not None and loader is not None and loader(self.adapter)):
+            self.target.load_state_dict(self.source())
         self.version = version
         return version
 

@@ -144,6 +144,29 @@ def test_multi_turn_episodes_on_the_openai_engine_match_the_trainers_logprobs(se
 @needs_server
 def test_a_lora_campaign_syncs_merged_weights_to_the_server_and_checks_them_by_logprobs(server, tmp_path,
                                                                                          default_config, small):
+    _lora_campaign_on(server, tmp_path, default_config, small, adapters=False)
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory):
+    """``vllm serve`` of builtin:tiny that loads LoRA adapters (rank ≤ 8) at run time."""
+    from rftflow.components.explore.models import resolve_model_path
+
+    log = tmp_path_factory.mktemp("vllm-lora") / "server.log"
+    with vllm_server(resolve_model_path("builtin:tiny"), served_model="tiny", log=log, lora_rank=8) as url:
+        yield url
+
+
+@needs_server
+@pytest.mark.slow
+def test_a_lora_campaign_loads_its_adapter_into_a_server_that_can_and_checks_it_by_logprobs(lora_server, tmp_path,
+                                                                                          default_config, small):
+    _lora_campaign_on(lora_server, tmp_path, default_config, small, adapters=True)
+
+
+def _lora_campaign_on(server: str, tmp_path, default_config, small, *, adapters: bool) -> None:
+    """Two rounds of a LoRA campaign exploring on ``server``, each sync checked by log-probs, then a
+    sync skipped on purpose: it fails. ``adapters``: whether the server loads the adapter itself."""
     from rftflow.components.campaign.schedule import ROUND
     from rftflow.components.campaign.stages import Campaign
     from rftflow.components.explore.sync import SyncMismatch
@@ -154,11 +177,13 @@ def test_a_lora_campaign_syncs_merged_weights_to_the_server_and_checks_them_by_l
         "sync.check_logprobs_every=1", f"sync.logprob_tolerance={LOGPROB_TOLERANCE}"])
     campaign.prepare()
     campaign.warm_start()
-    for round_no in (1, 2):  # the server reloads the merged weights; its log-probs are the trainer's
+    assert campaign.engine.adapters is adapters  # asked at the first sync
+    for round_no in (1, 2):  # the server holds the policy (merged weights or its adapter): the trainer's log-probs
         metrics = campaign.run_round(round_no)
         assert metrics["sync/checked"] == 1.0 and metrics["sync/logprob_max_diff"] < LOGPROB_TOLERANCE
     for stage in ROUND[:-1]:
         campaign.stage(stage, 3)
     campaign.engine.load_state_dict = lambda weights: None  # a sync that never reaches the server
+    campaign.engine.load_adapter = lambda write: True
     with pytest.raises(SyncMismatch, match="the explorer's log-probs differ from the trainer's"):
         campaign.sync(3)
