@@ -575,6 +575,9 @@ class TrackingConfig(_Section):
                             "default: `MLFLOW_TRACKING_URI` if set, else `sqlite:///<run dir>/mlflow.db`.")
     experiment: str = Field("rftflow", description="MLflow experiment name.")
     registered_model: str = Field("rftflow-model", description="Registered model the final model is versioned under.")
+    register_merged: bool = Field(False, description="LoRA: also register the base with the adapter merged in, as a "
+                                  "version of `<registered_model>-merged` (a plain model, for servers that do not "
+                                  "load adapters).")
 
 
 class CampaignConfig(_Section):

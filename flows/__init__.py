@@ -11,6 +11,7 @@ _DEFAULTS = {
     "GX_ANALYTICS_ENABLED": "false",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TQDM_DISABLE": "1",  # transformers' GGUF de-quantization draws a bar of its own (plain tqdm)
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }

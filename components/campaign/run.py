@@ -320,37 +320,45 @@ class CampaignRun:
         accuracy = self.state.evals.get(str(round_no))
         tags = {"campaign": self.cfg.name, "eval_accuracy": f"{accuracy:.4f}" if accuracy is not None else "",
                 "prefect.flow_run_id": self.flow_run_id or ""}
-        policy = self.campaign.trainer.unwrapped
-        if self.campaign.trainer.lora:
-            base = self.register_base()
-            adapters.save_adapter(policy, model_dir, base)
-            tags |= {"base_model": base, "adapter": "lora"}
+        trainer = self.campaign.trainer
+        if trainer.lora:
+            base, _ = load_model(self.cfg.model.path, allow_download=self.cfg.model.allow_download,
+                                 dtype=self.cfg.model.dtype)
+            base_uri = self.register_base(base)
+            adapters.save_adapter(trainer.unwrapped, model_dir, base_uri)
+            tags |= {"base_model": base_uri, "adapter": "lora"}
         else:
-            policy.save_pretrained(model_dir)
+            trainer.unwrapped.save_pretrained(model_dir)
         self.campaign.tokenizer.save_pretrained(model_dir)
         source = self.tracker.log_artifacts(model_dir, "model")
         version = self.tracker.register(name, source, tags)
+        if trainer.lora and self.cfg.tracking.register_merged:
+            base.load_state_dict(trainer.policy_weights())  # the base becomes the merged policy
+            self.tracker.register(f"{name}-merged", self._logged(base, "merged_model"),
+                                  {**tags, "adapter_version": f"models:/{name}/{version}"})
         self.state.model_version = version
         self.states.write(self.state)
         return {"model_name": name, "model_version": version, "model_uri": f"models:/{name}/{version}"}
 
-    def register_base(self) -> str:
-        """A LoRA campaign's base model as a version of ``<tracking.registered_model>-base``, once:
-        a version with the same weights (its ``weights_sha256`` tag) is reused. Its ``models:/`` URI."""
-        model, tokenizer = load_model(self.cfg.model.path, allow_download=self.cfg.model.allow_download,
-                                      dtype=self.cfg.model.dtype)
+    def register_base(self, model) -> str:
+        """A LoRA campaign's base ``model`` as a version of ``<tracking.registered_model>-base``,
+        once: a version with the same weights (its ``weights_sha256`` tag) is reused. Its ``models:/`` URI."""
         state = model.state_dict()
         digest = weights_digest(state, state)
         name = f"{self.cfg.tracking.registered_model}-base"
         version = self.tracker.version_tagged(name, "weights_sha256", digest)
         if version is None:
-            base_dir = self.run_dir / "base_model"
-            shutil.rmtree(base_dir, ignore_errors=True)
-            model.save_pretrained(base_dir)
-            tokenizer.save_pretrained(base_dir)
-            version = self.tracker.register(name, self.tracker.log_artifacts(base_dir, "base_model"),
+            version = self.tracker.register(name, self._logged(model, "base_model"),
                                             {"weights_sha256": digest, "model_path": self.cfg.model.path})
         return f"models:/{name}/{version}"
+
+    def _logged(self, model, artifact_path: str) -> str:
+        """``model`` and the tokenizer as a model directory in the run dir and the MLflow run; its URI."""
+        out = self.run_dir / artifact_path
+        shutil.rmtree(out, ignore_errors=True)
+        model.save_pretrained(out)
+        self.campaign.tokenizer.save_pretrained(out)
+        return self.tracker.log_artifacts(out, artifact_path)
 
     def promote(self, round_no: int) -> dict[str, Any]:
         """The registered version against the ``champion`` alias (``components.promotion``): the

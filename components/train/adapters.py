@@ -76,7 +76,12 @@ def adapter_names(model) -> list[str]:
 
 def save_adapter(model, out: Path, base: str) -> None:
     """PEFT's adapter files under ``out``, with ``base`` as the base model's reference."""
-    model.save_pretrained(out)
+    from peft.tuners.lora import Embedding
+
+    # the embeddings are saved when the adapter has them; PEFT's "auto" would look the base up on the
+    # hub (or warn, offline) to learn whether its vocabulary grew, which rftflow never does
+    adapted_embeddings = any(isinstance(m, Embedding) for m in model.modules())
+    model.save_pretrained(out, save_embedding_layers=adapted_embeddings)
     (out / "README.md").unlink(missing_ok=True)  # PEFT's empty model card template
     config = json.loads((out / ADAPTER_CONFIG).read_text())
     config["base_model_name_or_path"] = base

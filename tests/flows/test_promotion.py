@@ -117,11 +117,11 @@ def test_lora_versions_name_their_base_once_load_elsewhere_and_are_promoted(tmp_
                 "promotion.min_accuracy=0", "promotion.after_campaign=false",
                 "model.lora={rank: 16, alpha: 64}", "trainer.warmup_lr=3.0e-3"]
 
-    def train(name: str, steps: int) -> dict:
+    def train(name: str, steps: int, *extra: str) -> dict:
         return CampaignRun(preflight(default_config, tmp_path / name, [*campaign, f"name={name}",
-                                                                       f"trainer.warmup_steps={steps}"])).run()
+                                                                       f"trainer.warmup_steps={steps}", *extra])).run()
 
-    weak, strong = train("weak", 0), train("strong", 400)  # adapter versions 1 and 2
+    weak, strong = train("weak", 0), train("strong", 400, "tracking.register_merged=true")  # adapter versions 1, 2
     assert weak["eval_accuracy_after"] < 0.2 < 0.5 < strong["eval_accuracy_after"]
     client = MlflowClient(uri, registry_uri=uri)
     assert [str(v.version) for v in client.search_model_versions("name='adapted-base'")] == ["1"]  # the base, once
@@ -147,4 +147,8 @@ def test_lora_versions_name_their_base_once_load_elsewhere_and_are_promoted(tmp_
     engine = eval_engine("models:/adapted@champion", None, uri, checked.cfg)  # as promotion and `evaluate` load it
     ours = [g[0].text for g in engine.generate([q + "=" for q in questions], max_new_tokens=3, greedy=True)]
     assert answers == ours
+    merged = client.get_model_version("adapted-merged", "1")  # tracking.register_merged: a plain model too
+    assert merged.tags["adapter_version"] == "models:/adapted/2"
+    engine = eval_engine("models:/adapted-merged/1", None, uri, checked.cfg)
+    assert [g[0].text for g in engine.generate([q + "=" for q in questions], max_new_tokens=3, greedy=True)] == ours
     assert sum(a == t["answer"] for a, t in zip(answers, TASKS)) > 0.5 * len(TASKS)
