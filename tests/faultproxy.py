@@ -107,22 +107,25 @@ class FaultProxy:
                       "lose_answers": self._lose_answer}.get(mode, self._forward)
             threading.Thread(target=target, args=(client,), daemon=True).start()
 
-    def _forward(self, client: socket.socket) -> None:
+    def _upstream(self, client: socket.socket) -> socket.socket | None:
+        """A connection to the server for ``client`` (None, ``client`` closed, when it refuses)."""
         try:
             upstream = socket.create_connection(self.upstream)
         except OSError:
             _close(client)
-            return
+            return None
         with self._lock:
             self._open.add(upstream)
+        return upstream
+
+    def _forward(self, client: socket.socket) -> None:
+        if (upstream := self._upstream(client)) is None:
+            return
         threading.Thread(target=_pump, args=(upstream, client, False, self), daemon=True).start()
         _pump(client, upstream, True, self)
 
     def _lose_answer(self, client: socket.socket) -> None:
-        try:
-            upstream = socket.create_connection(self.upstream)
-        except OSError:
-            _close(client)
+        if (upstream := self._upstream(client)) is None:
             return
         threading.Thread(target=_pump, args=(client, upstream, True, self), daemon=True).start()
         try:

@@ -14,6 +14,19 @@ pytestmark = pytest.mark.slow
 TASKS = [{"question": f"{a}?{b}", "answer": "<" if a < b else ">"} for a in range(10) for b in range(10) if a != b]
 
 
+def comparison(tmp_path, registered: str) -> tuple[str, list[str]]:
+    """(tracking URI, overrides) of one-round campaigns on ``TASKS`` registering ``registered``,
+    promoted by hand (the floor at 0)."""
+    tasks = tmp_path / "compare.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return uri, ["rounds=1", f"taskset.source={tasks}", "taskset.eval_size=40", "taskset.prompt_template={question}=",
+                 "reward.function=exact_match", "explorer.max_new_tokens=3", "eval.max_new_tokens=3",
+                 "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
+                 "buffer.expert_per_round=16", f"tracking.uri={uri}", f"tracking.registered_model={registered}",
+                 "promotion.min_accuracy=0", "promotion.after_campaign=false"]
+
+
 def test_only_a_clearly_better_challenger_becomes_champion(prefect_api, tmp_path, default_config, monkeypatch):
     from mlflow import MlflowClient
     from typer.testing import CliRunner
@@ -23,14 +36,7 @@ def test_only_a_clearly_better_challenger_becomes_champion(prefect_api, tmp_path
     from rftflow.components.campaign.run import CampaignRun
     from rftflow.flows.cli import app
 
-    tasks = tmp_path / "compare.jsonl"
-    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    campaign = ["rounds=1", f"taskset.source={tasks}", "taskset.eval_size=40", "taskset.prompt_template={question}=",
-                "reward.function=exact_match", "explorer.max_new_tokens=3", "eval.max_new_tokens=3",
-                "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
-                "buffer.expert_per_round=16", f"tracking.uri={uri}", "tracking.registered_model=compare",
-                "promotion.min_accuracy=0", "promotion.after_campaign=false"]  # promoted by hand below
+    uri, campaign = comparison(tmp_path, "compare")
 
     def train(name: str, steps: int) -> dict:
         return CampaignRun(preflight(default_config, tmp_path / name, [*campaign, f"name={name}",
@@ -107,15 +113,8 @@ def test_lora_versions_name_their_base_once_load_elsewhere_and_are_promoted(tmp_
     from rftflow.components.campaign.promotion import promote
     from rftflow.components.campaign.run import CampaignRun
 
-    tasks = tmp_path / "compare.jsonl"
-    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    campaign = ["rounds=1", f"taskset.source={tasks}", "taskset.eval_size=40", "taskset.prompt_template={question}=",
-                "reward.function=exact_match", "explorer.max_new_tokens=3", "eval.max_new_tokens=3",
-                "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
-                "buffer.expert_per_round=16", f"tracking.uri={uri}", "tracking.registered_model=adapted",
-                "promotion.min_accuracy=0", "promotion.after_campaign=false",
-                "model.lora={rank: 16, alpha: 64}", "trainer.warmup_lr=3.0e-3"]
+    uri, campaign = comparison(tmp_path, "adapted")
+    campaign += ["model.lora={rank: 16, alpha: 64}", "trainer.warmup_lr=3.0e-3"]
 
     def train(name: str, steps: int, *extra: str) -> dict:
         return CampaignRun(preflight(default_config, tmp_path / name, [*campaign, f"name={name}",
