@@ -35,14 +35,14 @@ def step(i):
 def recorded(n):
     return [step(i) for i in range(n)]
 
-def servers():  # processes launched for this one's embedded API
-    mark = f"RFTFLOW_PREFECT_PARENT={os.getpid()}".encode()
+def servers():  # processes this one launched (its embedded API), by parent pid: one that already
+    # exited and waits to be reaped counts too (a server whose port was taken exits at once, and is launched again)
     found = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
         try:
-            if entry.name.isdigit() and mark in (entry / "environ").read_bytes():
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
                 found.append(entry.name)
-        except OSError:
+        except (OSError, ValueError, IndexError):
             pass
     return found
 
