@@ -15,6 +15,7 @@ Nothing here imports Prefect.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -314,8 +315,6 @@ class CampaignRun:
         as a version of ``tracking.registered_model``, once per run; tagged with the campaign, its
         held-out accuracy and the Prefect flow run. With LoRA the version is the adapter (PEFT's
         files), naming its base by a ``models:/`` reference (``register_base``; tag ``base_model``)."""
-        model_dir = self.run_dir / "model"
-        shutil.rmtree(model_dir, ignore_errors=True)
         name = self.cfg.tracking.registered_model
         accuracy = self.state.evals.get(str(round_no))
         tags = {"campaign": self.cfg.name, "eval_accuracy": f"{accuracy:.4f}" if accuracy is not None else "",
@@ -325,16 +324,15 @@ class CampaignRun:
             base, _ = load_model(self.cfg.model.path, allow_download=self.cfg.model.allow_download,
                                  dtype=self.cfg.model.dtype)
             base_uri = self.register_base(base)
-            adapters.save_adapter(trainer.unwrapped, model_dir, base_uri)
+            source = self._logged("model", functools.partial(adapters.save_adapter, trainer.unwrapped,
+                                                             base=base_uri))
             tags |= {"base_model": base_uri, "adapter": "lora"}
         else:
-            trainer.unwrapped.save_pretrained(model_dir)
-        self.campaign.tokenizer.save_pretrained(model_dir)
-        source = self.tracker.log_artifacts(model_dir, "model")
+            source = self._logged("model", trainer.unwrapped.save_pretrained)
         version = self.tracker.register(name, source, tags)
         if trainer.lora and self.cfg.tracking.register_merged:
             base.load_state_dict(trainer.policy_weights())  # the base becomes the merged policy
-            self.tracker.register(f"{name}-merged", self._logged(base, "merged_model"),
+            self.tracker.register(f"{name}-merged", self._logged("merged_model", base.save_pretrained),
                                   {**tags, "adapter_version": f"models:/{name}/{version}"})
         self.state.model_version = version
         self.states.write(self.state)
@@ -348,15 +346,16 @@ class CampaignRun:
         name = f"{self.cfg.tracking.registered_model}-base"
         version = self.tracker.version_tagged(name, "weights_sha256", digest)
         if version is None:
-            version = self.tracker.register(name, self._logged(model, "base_model"),
+            version = self.tracker.register(name, self._logged("base_model", model.save_pretrained),
                                             {"weights_sha256": digest, "model_path": self.cfg.model.path})
         return f"models:/{name}/{version}"
 
-    def _logged(self, model, artifact_path: str) -> str:
-        """``model`` and the tokenizer as a model directory in the run dir and the MLflow run; its URI."""
+    def _logged(self, artifact_path: str, save: Callable[[Path], None]) -> str:
+        """A model directory — what ``save(dir)`` writes, and the tokenizer — as ``<run dir>/<artifact_path>``
+        and the MLflow run's ``artifact_path``; its artifact URI."""
         out = self.run_dir / artifact_path
         shutil.rmtree(out, ignore_errors=True)
-        model.save_pretrained(out)
+        save(out)
         self.campaign.tokenizer.save_pretrained(out)
         return self.tracker.log_artifacts(out, artifact_path)
 
