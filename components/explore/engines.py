@@ -245,12 +245,11 @@ class OpenAIRolloutEngine:
         write(out)
         body = {"lora_name": ADAPTER_NAME, "lora_path": str(out), "load_inplace": True}
         response = self.client.post("/v1/load_lora_adapter", json=body)
-        if response.status_code == 404:  # no run-time LoRA loading on this server
-            shutil.rmtree(out, ignore_errors=True)
-            self.adapters = False
-            return False
         if response.status_code != 200:
             shutil.rmtree(out, ignore_errors=True)
+            if response.status_code == 404:  # no run-time LoRA loading on this server
+                self.adapters = False
+                return False
             raise RuntimeError(f"{self.base_url}/v1/load_lora_adapter: HTTP {response.status_code}: "
                                f"{response.text[:300]}")
         if self._adapter_files is not None:
