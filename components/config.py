@@ -253,7 +253,10 @@ class ExplorerConfig(_Section):
         "process; `openai` an OpenAI-compatible completions server that returns token ids and log-probs "
         "(`vllm serve`; `base_url`, `served_model`); `vllm` vLLM in this process, on a GPU (the `vllm` extra).",
     )
-    base_url: str | None = Field(None, description="`openai` engine: the server's URL, e.g. http://127.0.0.1:8000.")
+    base_url: str | list[str] | None = Field(
+        None, description="`openai` engine: the server's URL, e.g. http://127.0.0.1:8000, or a list of replicas' URLs "
+        "(a pool: requests go to the least-loaded live replica, a replica that dies has its requests answered by the "
+        "others, and every live replica is synced; `infra/vllm_servers.py` starts N).")
     served_model: str | None = Field(None, description="`openai` engine: the model name the server serves.")
 
 

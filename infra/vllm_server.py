@@ -1,17 +1,26 @@
-"""Start a vLLM OpenAI-compatible server (its CPU build, from its own virtualenv) on 127.0.0.1,
-for the ``openai`` engine's tests and benchmarks: ``with vllm_server(model_dir) as url: ...``.
+"""Start vLLM OpenAI-compatible servers (its CPU build, from its own virtualenv) on 127.0.0.1, for
+the ``openai`` engine's tests, benchmarks and a pool of rollout replicas:
+``with vllm_server(model_dir) as url: ...``, ``with vllm_servers(model_dir, 2) as servers: ...``, or
+from a shell (prints the URLs for ``explorer.base_url``; Ctrl-C stops them all)::
+
+    python -m rftflow.infra.vllm_server builtin:tiny --replicas 2 --threads 1 --served-model tiny
 
 The virtualenv is ``$RFTFLOW_VLLM_VENV`` or ``.venv-vllm`` (built by ``infra/vllm_cpu_env.sh``).
-The server runs with ``VLLM_SERVER_DEV_MODE=1`` so the engine can reload weights in place.
+Servers run with ``VLLM_SERVER_DEV_MODE=1`` so the engine can reload weights in place. Each server
+is a process group of its own (the API server and its engine process), stopped as a group.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 VLLM_VENV = Path(os.environ.get("RFTFLOW_VLLM_VENV", Path(__file__).resolve().parents[1] / ".venv-vllm"))
@@ -21,20 +30,55 @@ def vllm_available() -> bool:
     return (VLLM_VENV / "bin" / "vllm").exists()  # installed by infra/vllm_cpu_env.sh
 
 
-@contextmanager
-def vllm_server(model_dir: str, *, served_model: str = "model", threads: int = 2, log: Path | None = None,
-                startup_seconds: float = 300.0, eager: bool = True, lora_rank: int | None = None) -> Iterator[str]:
-    """``vllm serve model_dir`` on a free port; yields its base URL; stopped on exit. ``eager``
+@dataclass
+class Server:
+    """A started server: its URL and process (the leader of its own process group)."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen
+
+    def kill(self) -> None:
+        """SIGKILL to the server's whole group (API server and engine process), as a crash would."""
+        _signal_group(self.proc, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM to the group, SIGKILL after 60 s."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        _signal_group(self.proc, signal.SIGKILL)  # an engine process left behind by its API server
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def start_server(model_dir: str, *, served_model: str = "model", threads: int = 2, log: Path | None = None,
+                 startup_seconds: float = 300.0, eager: bool = True, lora_rank: int | None = None,
+                 port: int | None = None, cores: str | None = None) -> Server:
+    """``vllm serve model_dir`` on ``port`` (a free one if None), answering ``/health``. ``eager``
     (``--enforce-eager``) skips vLLM's torch.compile (the slowest part of its start-up without a
     compile cache), the model run as the trainer runs it. ``lora_rank``: LoRA adapters up to that
-    rank, loaded at run time (``/v1/load_lora_adapter``)."""
+    rank, loaded at run time (``/v1/load_lora_adapter``). ``cores``: the CPU ids its ``threads``
+    OpenMP threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``"1"`` or ``"2-3"``), so
+    servers side by side do not share cores; None: vLLM's own choice."""
     import httpx
 
     from rftflow.flows.servers import free_port
 
-    port = free_port()
+    port = port or free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(threads),
            "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    if cores is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     lora = []
     if lora_rank is not None:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
@@ -46,8 +90,8 @@ def vllm_server(model_dir: str, *, served_model: str = "model", threads: int = 2
                              "--model", model_dir, "--host", "127.0.0.1", "--port",
                              str(port), "--served-model-name", served_model, "--dtype", "float32",
                              "--max-model-len", "256", "--seed", "0", *(["--enforce-eager"] if eager else []), *lora],
-                             env=env, stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+                             env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(f"http://127.0.0.1:{port}", port, proc)
     try:
         deadline = time.time() + startup_seconds
         while True:
@@ -55,17 +99,79 @@ def vllm_server(model_dir: str, *, served_model: str = "model", threads: int = 2
                 tail = log.read_text()[-2000:] if log else ""
                 raise RuntimeError(f"vllm serve exited {proc.returncode}: {tail}")
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
+                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                    return server
             except httpx.HTTPError:
                 pass
             if time.time() > deadline:
                 raise RuntimeError(f"vllm serve did not answer in {startup_seconds:.0f} s")
             time.sleep(1)
-        yield url
+    except BaseException:
+        server.stop()
+        raise
+
+
+@contextmanager
+def vllm_server(model_dir: str, **options) -> Iterator[str]:
+    """One server (``start_server``'s ``options``); yields its base URL; stopped on exit."""
+    server = start_server(model_dir, **options)
+    try:
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
+
+
+@contextmanager
+def vllm_servers(model_dir: str, replicas: int, *, threads: int = 1, log_dir: Path | None = None,
+                 **options) -> Iterator[list[Server]]:
+    """``replicas`` servers side by side, started one after another, replica i bound to its own
+    ``threads`` cores (i·threads … on this machine's CPUs, wrapping around); stopped on exit."""
+    cpus = os.cpu_count() or 1
+    with ExitStack() as stack:
+        servers = []
+        for i in range(replicas):
+            first = (i * threads) % cpus
+            cores = str(first) if threads == 1 else f"{first}-{min(cpus - 1, first + threads - 1)}"
+            log = log_dir / f"server-{i}.log" if log_dir else None
+            server = start_server(model_dir, threads=threads, cores=cores, log=log, **options)
+            stack.callback(server.stop)
+            servers.append(server)
+        yield servers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rftflow.infra.vllm_server",
+                                     description="Start N vLLM servers of one model (a rollout pool) until Ctrl-C.")
+    parser.add_argument("model", help="a model directory, a GGUF file, or builtin:tiny")
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per server (each on its own cores)")
+    parser.add_argument("--served-model", default="model")
+    parser.add_argument("--lora-rank", type=int, default=None, help="load LoRA adapters up to this rank at run time")
+    args = parser.parse_args(argv)
+    if not vllm_available():
+        print(f"error: no vLLM virtualenv at {VLLM_VENV}: build it with infra/vllm_cpu_env.sh", file=sys.stderr)
+        return 2
+    from rftflow.components.explore.models import resolve_model_path
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    try:
+        with vllm_servers(resolve_model_path(args.model), args.replicas, threads=args.threads,
+                          served_model=args.served_model, lora_rank=args.lora_rank) as servers:
+            urls = [s.url for s in servers]
+            print(f"{len(urls)} server(s) of {args.served_model!r} up; use them with\n"
+                  f"  --set 'explorer.base_url=[{', '.join(urls)}]' --set explorer.served_model={args.served_model}",
+                  flush=True)
+            while not stop and all(s.proc.poll() is None for s in servers):
+                time.sleep(1)
+            dead = [s.url for s in servers if s.proc.poll() is not None]
+            if dead:
+                print(f"error: server(s) exited: {', '.join(dead)}", file=sys.stderr)
+                return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,7 @@ out, so a multi-turn workflow extends a context without re-tokenising it), ``gen
 the engine holds the weights itself, ``weights_digest(names)``, which the sync check compares).
 
 - ``hf``: a transformers model in this process, a batched decode loop with a KV cache.
-- ``openai``: an OpenAI-compatible completions server (``vllm serve``), over HTTP.
+- ``openai``: OpenAI-compatible completions servers (``vllm serve``; one, or a pool of replicas), over HTTP.
 - ``vllm``: vLLM in this process, on a GPU.
 
 Sampling draws from the full distribution at ``temperature`` (no top-k/top-p), so the recorded
@@ -17,12 +17,13 @@ log-probs log softmax(logits / temperature)[token] are the behaviour policy's.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rftflow.components.data.prompts import encode_prompt
 from rftflow.components.explore.decode import decode_steps, prefill
+from rftflow.components.explore.server_pool import Replica, ServerPool
 
 
 ADAPTER_NAME = "rftflow-policy"  # the name a server that loads LoRA adapters serves the policy's under
@@ -161,35 +163,47 @@ class HFRolloutEngine:
 
 
 class OpenAIRolloutEngine:
-    """Sampling from an OpenAI-compatible completions server (``vllm serve`` …) that returns
-    token ids and log-probs: prompts go as token ids (``/v1/completions`` with ``prompt`` = ids),
-    responses come back as ids with each sampled token's log-prob (``return_token_ids`` and
-    ``logprobs=0``, vLLM's extensions), so rows are the same as the ``hf`` engine's.
+    """Sampling from OpenAI-compatible completions servers (``vllm serve`` …) that return token ids
+    and log-probs: prompts go as token ids (``/v1/completions`` with ``prompt`` = ids), responses
+    come back as ids with each sampled token's log-prob (``return_token_ids`` and ``logprobs=0``,
+    vLLM's extensions), so rows are the same as the ``hf`` engine's.
 
-    After a sync the server loads the new weights in place (``load_state_dict``): they are written
-    to a temporary directory that the server reads, so it runs on this machine (or sees its
-    ``/tmp``), with ``VLLM_SERVER_DEV_MODE=1`` for vLLM's ``/collective_rpc`` endpoint. A LoRA
-    policy's adapter is loaded instead of merged weights where the server can (``load_adapter``).
+    ``base_urls`` are one server or a pool of replicas (``components.explore.server_pool``):
+    requests go to the least-loaded live replica, a replica that dies mid-round has its requests
+    answered by the others, and a sync reaches every live replica (and one that comes back).
+
+    After a sync the servers load the new weights in place (``load_state_dict``): they are written
+    to a directory each server reads, so they run on this machine (or see its ``/tmp``), with
+    ``VLLM_SERVER_DEV_MODE=1`` for vLLM's ``/collective_rpc`` endpoint. A LoRA policy's adapter is
+    loaded instead of merged weights where the servers can (``load_adapter``). The newest synced
+    files stay until the next sync replaces them: a replica that comes back reads them.
     """
 
-    def __init__(self, base_url: str, served_model: str, tokenizer: PreTrainedTokenizerBase, *,
+    def __init__(self, base_urls: str | Sequence[str], served_model: str, tokenizer: PreTrainedTokenizerBase, *,
                  batch_size: int = 256, chat_template: bool = False, timeout: float = 600.0):
-        import httpx
-
-        self.base_url, self.served_model, self.tokenizer = base_url.rstrip("/"), served_model, tokenizer
+        self.served_model, self.tokenizer = served_model, tokenizer
         self.batch_size, self.chat_template = batch_size, chat_template
-        self.client = httpx.Client(base_url=self.base_url, timeout=timeout)
-        self.adapters: bool | None = None  # whether the server loads LoRA adapters at run time (None: not asked yet)
-        self._adapter_files: weakref.finalize | None = None  # removes the directory of the adapter it serves
+        self.pool = ServerPool([base_urls] if isinstance(base_urls, str) else list(base_urls), timeout)
+        self.only: Replica | None = None  # a view pinned to one replica (``pinned``) asks it alone
+        self.adapters: bool | None = None  # whether the servers load LoRA adapters at run time (None: not asked yet)
+        self._synced_files: weakref.finalize | None = None  # removes the directory of the newest sync
+
+    @property
+    def base_url(self) -> str:
+        """The replica a pinned view asks, else the first."""
+        return (self.only or self.pool.replicas[0]).url
+
+    def pinned(self) -> list[OpenAIRolloutEngine]:
+        """One view of this engine per live replica, each asking only it (a sync check probes each)."""
+        views = []
+        for replica in self.pool.live:
+            view = copy.copy(self)
+            view.only = replica
+            views.append(view)
+        return views
 
     def encode(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
-
-    def _post(self, path: str, body: dict) -> dict:
-        response = self.client.post(path, json=body)
-        if response.status_code != 200:
-            raise RuntimeError(f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:300]}")
-        return response.json() if response.content else {}
 
     def generate(self, prompts: list[str], **sampling) -> list[list[Rollout]]:
         """``generate_ids`` on the prompts' encodings."""
@@ -200,17 +214,18 @@ class OpenAIRolloutEngine:
         greedy: bool = False,
     ) -> list[list[Rollout]]:
         """``n`` responses per prompt of token ids (a group), sampled at ``temperature`` from the
-        full distribution (top_k/top_p off), or greedy when ``greedy``. The server gets the ids, not
-        text, and returns ids: nothing is re-tokenised."""
-        per_request = max(1, self.batch_size // n)
+        full distribution (top_k/top_p off), or greedy when ``greedy``. The servers get the ids,
+        not text, and return ids: nothing is re-tokenised. The prompts are cut into requests
+        (``ServerPool.requests_for``) that the pool spreads over its replicas."""
+        per_request = self.pool.requests_for(len(encoded), self.batch_size // n)
+        chunks = [encoded[start:start + per_request] for start in range(0, len(encoded), per_request)]
+        model = ADAPTER_NAME if self.adapters else self.served_model
+        bodies = [{"model": model, "prompt": chunk, "n": n, "max_tokens": max_new_tokens,
+                   "temperature": 0.0 if greedy else temperature, "top_p": 1.0, "top_k": -1, "logprobs": 0,
+                   "return_token_ids": True, "skip_special_tokens": True} for chunk in chunks]
         groups: list[list[Rollout]] = []
-        for start in range(0, len(encoded), per_request):
-            chunk = encoded[start:start + per_request]
-            model = ADAPTER_NAME if self.adapters else self.served_model
-            body = {"model": model, "prompt": chunk, "n": n, "max_tokens": max_new_tokens,
-                    "temperature": 0.0 if greedy else temperature, "top_p": 1.0, "top_k": -1, "logprobs": 0,
-                    "return_token_ids": True, "skip_special_tokens": True}
-            choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
+        for chunk, answer in zip(chunks, self.pool.complete("/v1/completions", bodies, self.only)):
+            choices = sorted(answer["choices"], key=lambda c: c["index"])
             for g, prompt in enumerate(chunk):
                 groups.append([self._rollout(prompt, c) for c in choices[g * n:(g + 1) * n]])
         return groups
@@ -226,37 +241,64 @@ class OpenAIRolloutEngine:
         return Rollout(prompt_ids=list(prompt), response_ids=ids, logprobs=logprobs[:len(ids)],
                        text=self.tokenizer.decode(ids, skip_special_tokens=True), finished=finished)
 
+    def _keep_files(self, out: Path) -> None:
+        """``out`` is the newest sync's directory: the one before it goes, this one at the end."""
+        if self._synced_files is not None:
+            self._synced_files()
+        self._synced_files = weakref.finalize(self, shutil.rmtree, str(out), True)
+
     def load_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
-        """The server reloads its weights, in place: they are written as safetensors to a directory
-        it reads (``/collective_rpc`` ``reload_weights``; the server runs with ``VLLM_SERVER_DEV_MODE=1``)."""
-        with tempfile.TemporaryDirectory(prefix="rftflow-weights-") as out:
-            save_file(cpu_copies(weights), str(Path(out) / "model.safetensors"))
-            self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": out}})
+        """Every live server reloads its weights, in place: they are written as safetensors to a
+        directory it reads (``/collective_rpc`` ``reload_weights``; servers run with ``VLLM_SERVER_DEV_MODE=1``)."""
+        out = Path(tempfile.mkdtemp(prefix="rftflow-weights-"))
+        save_file(cpu_copies(weights), str(out / "model.safetensors"))
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(out)}}
+        try:
+            self.pool.sync(lambda replica: _ok(replica, replica.post("/collective_rpc", body), "/collective_rpc"))
+        except BaseException:
+            shutil.rmtree(out, ignore_errors=True)
+            raise
+        self._keep_files(out)
 
     def load_adapter(self, write: Callable[[Path], None]) -> bool:
-        """A LoRA policy's sync where the server loads adapters at run time (vLLM with ``--enable-lora``
-        and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``): the adapter ``write(dir)`` writes is loaded in
-        place as ``ADAPTER_NAME``, and completions are asked of it from then on. False, nothing
-        loaded, where the server has no such endpoint: the caller reloads merged weights instead.
-        The directory stays until the next adapter replaces it (the server may read it again)."""
+        """A LoRA policy's sync where the servers load adapters at run time (vLLM with
+        ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``): the adapter ``write(dir)``
+        writes is loaded in place as ``ADAPTER_NAME`` on every live server, and completions are
+        asked of it from then on. False, nothing loaded, where the first server has no such
+        endpoint (the servers of a pool are alike): the caller reloads merged weights instead."""
         if self.adapters is False:
             return False
         out = Path(tempfile.mkdtemp(prefix="rftflow-adapter-"))
         write(out)
         body = {"lora_name": ADAPTER_NAME, "lora_path": str(out), "load_inplace": True}
-        response = self.client.post("/v1/load_lora_adapter", json=body)
-        if response.status_code != 200:
+
+        def load(replica: Replica) -> None:
+            response = replica.post("/v1/load_lora_adapter", body)
+            if response.status_code == 404 and self.adapters is None:  # no run-time LoRA loading on these servers
+                raise _NoAdapters()
+            _ok(replica, response, "/v1/load_lora_adapter")
+
+        try:
+            self.pool.sync(load)
+        except _NoAdapters:
             shutil.rmtree(out, ignore_errors=True)
-            if response.status_code == 404:  # no run-time LoRA loading on this server
-                self.adapters = False
-                return False
-            raise RuntimeError(f"{self.base_url}/v1/load_lora_adapter: HTTP {response.status_code}: "
-                               f"{response.text[:300]}")
-        if self._adapter_files is not None:
-            self._adapter_files()  # the previous adapter's directory goes
-        self._adapter_files = weakref.finalize(self, shutil.rmtree, str(out), True)  # this one at the end
+            self.adapters = False
+            return False
+        except BaseException:
+            shutil.rmtree(out, ignore_errors=True)
+            raise
+        self._keep_files(out)
         self.adapters = True
         return True
+
+
+class _NoAdapters(Exception):
+    """The server answered 404 to ``/v1/load_lora_adapter``."""
+
+
+def _ok(replica: Replica, response, path: str) -> None:
+    if response.status_code != 200:
+        raise RuntimeError(f"{replica.url}{path}: HTTP {response.status_code}: {response.text[:300]}")
 
 
 class VLLMRolloutEngine:
@@ -327,7 +369,7 @@ def cpu_copies(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_config, seed: int = 0):
     """The rollout engine ``explorer.engine`` names (``explorer``: an ``ExplorerConfig``,
     ``model_config``: a ``ModelConfig``): ``hf`` over ``model`` (the explorer's copy), ``openai`` at
-    ``explorer.base_url``, ``vllm`` over the model directory."""
+    ``explorer.base_url`` (one URL or a list: a pool of replicas), ``vllm`` over the model directory."""
     chat_template = model_config.chat_template
     if explorer.engine == "openai":
         return OpenAIRolloutEngine(explorer.base_url, explorer.served_model, tokenizer,

@@ -109,7 +109,7 @@ def check_sync(trainer, engine, version: int, explorer_version: int, probe: Sequ
     line: the weight version both report; the sha256 of the trained tensors both hold (engines that
     can say: ``hf``; a server cannot); and, with ``logprobs``, the explorer's log-probs of
     ``PROBE_TOKENS`` tokens it samples after ``probe`` equal the trainer's for the same tokens,
-    max |Δ| ≤ ``tolerance`` nats. Returns the check's metrics."""
+    max |Δ| ≤ ``tolerance`` nats (on each live replica of a server pool). Returns the check's metrics."""
     if explorer_version != version:
         raise SyncMismatch(f"weight sync: the explorer holds version {explorer_version}, the trainer published "
                            f"{version}")
@@ -120,14 +120,18 @@ def check_sync(trainer, engine, version: int, explorer_version: int, probe: Sequ
                            f"{held[:12]}, the trainer published {published[:12]}")
     metrics = {"sync/checked": 1.0}
     if logprobs:
-        with torch.random.fork_rng():  # the probe's draw leaves the campaign's random state as it was
-            [[rollout]] = engine.generate_ids([list(probe)], n=1, max_new_tokens=PROBE_TOKENS,
-                                              temperature=temperature)
-        ours = trainer.logprobs_of(rollout.prompt_ids, rollout.response_ids)
-        diff = float((ours - torch.tensor(rollout.logprobs)).abs().max())
-        if diff > tolerance:
-            raise SyncMismatch(f"weight sync of version {version}: the explorer's log-probs differ from the "
-                               f"trainer's by up to {diff:.4f} nats (tolerance {tolerance}) on the same "
-                               f"{len(rollout.response_ids)} tokens: it samples from other weights")
-        metrics["sync/logprob_max_diff"] = diff
+        worst = 0.0
+        for view in engine.pinned() if hasattr(engine, "pinned") else [engine]:  # each replica of a server pool
+            with torch.random.fork_rng():  # the probe's draw leaves the campaign's random state as it was
+                [[rollout]] = view.generate_ids([list(probe)], n=1, max_new_tokens=PROBE_TOKENS,
+                                                temperature=temperature)
+            ours = trainer.logprobs_of(rollout.prompt_ids, rollout.response_ids)
+            diff = float((ours - torch.tensor(rollout.logprobs)).abs().max())
+            if diff > tolerance:
+                where = f" on {view.base_url}" if hasattr(engine, "pinned") else ""
+                raise SyncMismatch(f"weight sync of version {version}: the explorer's log-probs{where} differ from the "
+                                   f"trainer's by up to {diff:.4f} nats (tolerance {tolerance}) on the same "
+                                   f"{len(rollout.response_ids)} tokens: it samples from other weights")
+            worst = max(worst, diff)
+        metrics["sync/logprob_max_diff"] = worst
     return metrics

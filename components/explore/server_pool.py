@@ -1,0 +1,163 @@
+"""A pool of OpenAI-compatible rollout servers (``vllm serve`` replicas) behind one engine.
+
+Requests go to the live replica with the fewest outstanding requests (ties: the one that has
+served fewest), so a slow or busy replica gets less work than blind round-robin would give it.
+A replica that fails at the transport level (refused, reset, closed mid-answer: the server died)
+is marked down and the request is sent again to another: each request's answer is kept once, so
+nothing is lost or duplicated. A sync goes to every live replica; a replica that is down is asked
+``/health`` again at most every ``REVIVE_SECONDS`` and, once it answers, gets the newest sync
+again before it serves (a restarted server starts from the model directory's weights).
+
+vLLM's own data-parallel serving (``--data-parallel-size``) is one server with several engine
+processes on one node: it dies as a whole, and its ``/collective_rpc`` weight reload reaches
+them together. Independent servers behind this pool fail one at a time and may run on other
+machines, which is what failover and scale-out need.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+log = logging.getLogger("rftflow")
+REVIVE_SECONDS = 5.0  # how often a replica that is down is asked whether it is back
+REQUESTS_PER_REPLICA = 2  # a round's prompts are cut into this many requests per live replica (with several)
+
+Sync = Callable[["Replica"], None]  # brings one replica to the newest weights (the last sync, replayed)
+
+
+class ServersDown(RuntimeError):
+    """No replica of the pool answers; the message names each and why, in one line."""
+
+
+class Replica:
+    """One server of the pool: its client, outstanding requests, and whether it is up."""
+
+    def __init__(self, url: str, timeout: float):
+        self.url = url.rstrip("/")
+        self.client = httpx.Client(base_url=self.url, timeout=timeout)
+        self.outstanding = 0  # requests sent and not answered
+        self.served = 0  # requests answered
+        self.up = True
+        self.failure: str | None = None  # why it is down
+        self.probed_at = 0.0  # monotonic time of the last /health asked while down
+
+    def post(self, path: str, body: dict) -> httpx.Response:
+        return self.client.post(path, json=body)
+
+
+class ServerPool:
+    """Replicas at ``urls``: ``complete`` spreads requests, ``sync`` reaches every live replica."""
+
+    def __init__(self, urls: Sequence[str], timeout: float = 600.0):
+        if not urls:
+            raise ValueError("a server pool needs at least one URL")
+        self.replicas = [Replica(u, timeout) for u in urls]
+        self._lock = threading.Lock()
+        self._last_sync: Sync | None = None  # replayed on a replica that comes back
+        self._threads: ThreadPoolExecutor | None = None
+
+    @property
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.up]
+
+    def requests_for(self, prompts: int, most: int) -> int:
+        """Prompts per request: at most ``most``; with several live replicas, small enough that each
+        gets ``REQUESTS_PER_REPLICA`` (one replica: as before, one request per ``most`` prompts)."""
+        live = max(1, len(self.live))
+        if len(self.replicas) == 1:
+            return max(1, most)
+        return max(1, min(most, math.ceil(prompts / (live * REQUESTS_PER_REPLICA))))
+
+    def complete(self, path: str, bodies: list[dict], only: Replica | None = None) -> list[dict]:
+        """The JSON answers to ``bodies`` posted to ``path``, in order, each answered once by some
+        live replica (or by ``only``)."""
+        self.revive()
+        if len(bodies) == 1 or len(self.replicas) == 1:
+            return [self._answer(path, body, only) for body in bodies]
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(4 * len(self.replicas), thread_name_prefix="rftflow-rollout")
+        return list(self._threads.map(lambda body: self._answer(path, body, only), bodies))
+
+    def _answer(self, path: str, body: dict, only: Replica | None) -> dict:
+        """``body``'s answer from the least-loaded live replica; a replica that fails in transit is
+        marked down and the body goes to another."""
+        while True:
+            replica = self._take(only)
+            try:
+                response = replica.post(path, body)
+            except httpx.TransportError as e:
+                self._down(replica, e)
+                if only is not None:
+                    raise ServersDown(f"rollout server {replica.url} is down ({replica.failure})") from None
+                continue
+            finally:
+                with self._lock:
+                    replica.outstanding -= 1
+            if response.status_code != 200:
+                raise RuntimeError(f"{replica.url}{path}: HTTP {response.status_code}: {response.text[:300]}")
+            with self._lock:
+                replica.served += 1
+            return response.json() if response.content else {}
+
+    def _take(self, only: Replica | None) -> Replica:
+        """``only``, or the live replica with the fewest outstanding requests; counted outstanding."""
+        with self._lock:
+            live = self.live if only is None else [only] if only.up else []
+            if not live:
+                raise self._all_down()
+            replica = min(live, key=lambda r: (r.outstanding, r.served))
+            replica.outstanding += 1
+            return replica
+
+    def _down(self, replica: Replica, error: BaseException) -> None:
+        with self._lock:
+            if not replica.up:  # another request to it failed first
+                return
+            replica.up, replica.failure = False, f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+            replica.probed_at = time.monotonic()
+            left = len(self.live)
+        if left:
+            log.warning("rollout server %s is down (%s); its requests go to the %d other(s)", replica.url,
+                        replica.failure, left)
+
+    def _all_down(self) -> ServersDown:
+        return ServersDown("every rollout server is down: " + "; ".join(f"{r.url} ({r.failure})"
+                                                                         for r in self.replicas))
+
+    def revive(self) -> None:
+        """Ask each replica that is down (at most every ``REVIVE_SECONDS``) whether it is back; one
+        that is gets the newest sync again, then serves."""
+        for replica in self.replicas:
+            if replica.up or time.monotonic() - replica.probed_at < REVIVE_SECONDS:
+                continue
+            replica.probed_at = time.monotonic()
+            try:
+                if replica.client.get("/health", timeout=2.0).status_code != 200:
+                    continue
+                if self._last_sync is not None:
+                    self._last_sync(replica)
+            except httpx.TransportError:
+                continue
+            with self._lock:
+                replica.up, replica.failure = True, None
+            log.info("rollout server %s is back, synced to the newest weights", replica.url)
+
+    def sync(self, each: Sync) -> None:
+        """``each(replica)`` on every live replica (a replica that fails in transit is marked
+        down, and gets it again when it is back); kept to replay on a replica that comes back.
+        ``ServersDown`` if none took it."""
+        self._last_sync = each
+        for replica in self.live:
+            try:
+                each(replica)
+            except httpx.TransportError as e:
+                self._down(replica, e)
+        if not self.live:
+            raise self._all_down()
