@@ -258,6 +258,14 @@ class ExplorerConfig(_Section):
         "(a pool: requests go to the least-loaded live replica, a replica that dies has its requests answered by the "
         "others, and every live replica is synced; `infra/vllm_servers.py` starts N).")
     served_model: str | None = Field(None, description="`openai` engine: the model name the server serves.")
+    shards: int = Field(
+        1, gt=0, description="Explorer processes (`mode: explore`) share each round: its tasks are cut into this many "
+        "shards (contiguous slices of the round's selection), each explored, verified and committed on its own by the "
+        "process that holds its lease in the store; the trainer (`mode: train`) waits for all of a round's shards. "
+        "Every explorer process and the trainer set the same value.")
+    lease_seconds: float = Field(
+        60.0, gt=0, description="`shards` > 1: a shard's lease not renewed for this long (its explorer died) is taken "
+        "over by another explorer process, which explores the shard again.")
 
 
 class AlgorithmConfig(_Section):
@@ -672,6 +680,16 @@ class CampaignConfig(_Section):
                              "set sync.method=checkpoint")
         if self.explorer.engine == "openai" and not (self.explorer.base_url and self.explorer.served_model):
             raise ValueError("explorer.engine 'openai' needs explorer.base_url and explorer.served_model")
+        if self.explorer.shards > 1:
+            if self.mode not in ("explore", "train"):
+                raise ValueError(f"explorer.shards {self.explorer.shards} splits rounds between explorer processes: "
+                                 "run them with mode explore and the trainer with mode train")
+            if self.explorer.shards > self.explorer.tasks_per_round:
+                raise ValueError(f"explorer.shards {self.explorer.shards} is more than explorer.tasks_per_round "
+                                 f"{self.explorer.tasks_per_round}")
+            if self.explorer.task_selector == "curriculum" or self.algorithm.resolve().dynamic_sampling:
+                raise ValueError("explorer.shards > 1 needs every explorer to pick the same tasks for a round: the "
+                                 "curriculum selector and dynamic sampling pick by what one explorer measured")
         if self.mode == "bench" and not self.bench.models:
             raise ValueError("mode 'bench' needs bench.models (checkpoint:N, model dirs or models:/name/version)")
         bound = self.algorithm.max_staleness

@@ -193,13 +193,14 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
     """Where a campaign stands: status, rounds done, last checkpoint, MLflow run, last error."""
     from rftflow.components.buffer.layout import moved_aside
     from rftflow.components.buffer.weights import WeightStore
-    from rftflow.components.campaign.state import StateStore
+    from rftflow.components.campaign.state import StateStore, explorer_roles
 
     opened = _open_buffer(store, campaign)
     with _store_errors():
         state = StateStore(opened.objects, opened.campaign).read()
-        explorer = StateStore(opened.objects, opened.campaign, "explorer").read()  # a two-process campaign's explorer
-        state = state or explorer
+        explorers = {role: StateStore(opened.objects, opened.campaign, role).read()  # a campaign's explorer processes
+                     for role in explorer_roles(opened.objects, opened.campaign)}
+        state = state or next(iter(explorers.values()), None)
         if state is None:
             _fail(f"{opened.url}: campaign {opened.campaign!r} has stored data but never ran (no state)")
         rounds = state.config.get("rounds")
@@ -223,9 +224,10 @@ def status(store: Annotated[str, typer.Argument(help="A run dir, or a store URL 
             ("updated", state.updated_at),
             ("last error", state.error or "none"),
         ]
-        if explorer is not None and explorer is not state:
-            rows.append(("explorer process", f"{explorer.status}, {explorer.rounds_done} of {rounds} rounds explored"
-                         + (f"; last error: {explorer.error}" if explorer.error else "")))
+        for role, explorer in explorers.items():
+            if explorer is not None and explorer is not state:
+                rows.append((f"{role} process", f"{explorer.status}, {explorer.rounds_done} of {rounds} rounds explored"
+                             + (f"; last error: {explorer.error}" if explorer.error else "")))
         published = weights.published_weights()
         if published:
             rows.append(("published weights", f"v{published[-1]} (newest of {len(published)} kept)"))
@@ -375,11 +377,12 @@ def buffer_gc(store: StoreArg, campaign: CampaignOpt = None,
     staging, superseded weights and checkpoints, crash leftovers, rounds past keep_rounds. A dry run
     unless --apply; refused while the campaign runs."""
     from rftflow.components.buffer.retention import apply as apply_plan, plan
-    from rftflow.components.campaign.state import StateStore, running_line
+    from rftflow.components.campaign.state import StateStore, explorer_roles, running_line
 
     opened = _open_buffer(store, campaign)
     with _store_errors():
-        states = [StateStore(opened.objects, opened.campaign, role).read() for role in ("campaign", "explorer")]
+        roles = ["campaign", *explorer_roles(opened.objects, opened.campaign)]
+        states = [StateStore(opened.objects, opened.campaign, role).read() for role in roles]
         states = [s for s in states if s is not None]
         if not states:
             _fail(f"{opened.url}: campaign {opened.campaign!r} never ran (no state): nothing to collect")

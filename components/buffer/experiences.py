@@ -7,6 +7,7 @@ of ingested files.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,8 @@ class ExperienceStore:
     waits for it.
     """
 
-    def __init__(self, store: ObjectStore, campaign: str, write_behind: bool = False):
-        self.campaign = campaign
+    def __init__(self, store: ObjectStore, campaign: str, write_behind: bool = False, shards: int = 1):
+        self.campaign, self.shards = campaign, shards  # shards: explorer shards per round (``explorer.shards``)
         self._queue = WriteBehind() if write_behind else None
         self._direct = store  # the queue's own writes go here
         self.objects: ObjectStore = OrderedStore(store, self._queue) if self._queue else store
@@ -77,6 +78,12 @@ class ExperienceStore:
     @property
     def url(self) -> str:
         return self.objects.url
+
+    @property
+    def direct(self) -> ObjectStore:
+        """The store itself, not ordered behind queued writes (shard leases: their renewals must not
+        wait for, or take the errors of, a round's writes)."""
+        return self._direct
 
     def key(self, *parts: str) -> str:
         return "/".join([self.campaign, *parts])
@@ -92,21 +99,23 @@ class ExperienceStore:
         if self._queue is not None:
             self._queue.flush()
 
-    def _write_round_shard(self, prefix: str, table: pa.Table, cache: dict[str, pa.Table] | None) -> str:
-        """``write_shard`` of a round's rows: queued behind the compute when writing behind.
+    def _write_round_shard(self, prefix: str, table: pa.Table, cache: dict[str, pa.Table] | None,
+                           part: int = 0) -> str:
+        """``write_shard`` of a round's rows (``part``: its explorer shard): queued behind the
+        compute when writing behind.
 
         Queued, the shard goes into ``cache`` at once (the next stage reads it from there); a shard
         already committed (by an earlier attempt) or queued is not written again, as ``write_shard``."""
         if self._queue is None:
-            return write_shard(self.objects, prefix, table, committed=cache)
-        key, marker = shard_key(prefix), marker_key(prefix)
-        if self._queue.pending(key) or is_committed(self._direct, prefix):
+            return write_shard(self.objects, prefix, table, part, committed=cache)
+        key, marker = shard_key(prefix, part), marker_key(prefix, part)
+        if self._queue.pending(key) or is_committed(self._direct, prefix, part):
             return key
         if cache is not None:
             cache[key] = table
 
         def write() -> None:
-            if not commit_shard(self._direct, prefix, encode_shard(table), table.num_rows):
+            if not commit_shard(self._direct, prefix, encode_shard(table), table.num_rows, part):
                 raise ShardError(f"shard {key}: another writer committed it while this one's write was queued; "
                                  "run one campaign per store prefix at a time")
 
@@ -125,26 +134,29 @@ class ExperienceStore:
         return read_committed(self.objects, self.key("tasksets", split))
 
     # staging between the stages of one round -------------------------------------------------
-    def write_staging(self, round_no: int, stage: str, table: pa.Table) -> str:
-        return self._write_round_shard(self.key("staging", round_dir(round_no), stage), table, self._staged)
+    def write_staging(self, round_no: int, stage: str, table: pa.Table, part: int = 0) -> str:
+        return self._write_round_shard(self.key("staging", round_dir(round_no), stage), table, self._staged, part)
 
-    def read_staging(self, round_no: int, stage: str) -> pa.Table:
+    def read_staging(self, round_no: int, stage: str, part: int = 0) -> pa.Table:
         prefix = self.key("staging", round_dir(round_no), stage)
-        staged = self._staged.pop(shard_key(prefix), None)
-        return staged if staged is not None else read_committed(self.objects, prefix, conform=_as_experiences)
+        staged = self._staged.pop(shard_key(prefix, part), None)
+        return staged if staged is not None else read_committed(self.objects, prefix, keys=[shard_key(prefix, part)],
+                                                                conform=_as_experiences)
 
     # experiences -----------------------------------------------------------------------------
-    def write_usual(self, round_no: int, table: pa.Table, keep: bool = True) -> str:
-        """Commit a round's accepted explorer rows; ``keep``: also in the shard cache, for a trainer
-        in this process (an explorer process alone never reads them)."""
+    def write_usual(self, round_no: int, table: pa.Table, keep: bool = True, part: int = 0) -> str:
+        """Commit a round's accepted explorer rows (of explorer shard ``part``); ``keep``: also in
+        the shard cache, for a trainer in this process (an explorer process alone never reads them)."""
         key = self._write_round_shard(self.key("experiences", "usual", round_dir(round_no)), table,
-                                      self._shards if keep else None)
+                                      self._shards if keep else None, part)
         self._usual[key] = round_no
         return key
 
-    def round_committed(self, round_no: int) -> bool:
-        """Whether round ``round_no``'s explorer experiences are committed (its buffer stage ran)."""
-        return is_committed(self.objects, self.key("experiences", "usual", round_dir(round_no)))
+    def round_committed(self, round_no: int, part: int | None = None) -> bool:
+        """Whether round ``round_no``'s explorer experiences are committed (its buffer stage ran):
+        every one of its ``shards`` (or just ``part``)."""
+        prefix = self.key("experiences", "usual", round_dir(round_no))
+        return all(is_committed(self.objects, prefix, p) for p in ([part] if part is not None else range(self.shards)))
 
     def usual_shards(self, max_round: int | None = None) -> list[str]:
         """Committed usual-experience shards, oldest round first (up to ``max_round``); writing
@@ -155,7 +167,8 @@ class ExperienceStore:
         ones listed or written here stay known (a listing grows with the rounds, and is a
         request on S3)."""
         known = dict(self._usual)  # a copy (one C call): in mode async the explorer's lane writes meanwhile
-        if max_round is None or not set(known.values()).issuperset(range(1, max_round + 1)):
+        parts = Counter(known.values())  # shards known per round
+        if max_round is None or any(parts[r] < self.shards for r in range(1, max_round + 1)):
             prefix = self.key("experiences", "usual")
             if self._queue is None:
                 listed = committed_shards(self.objects, prefix)
@@ -194,13 +207,14 @@ class ExperienceStore:
             self._human = read_committed(self.objects, self.key("experiences", "human"), SCHEMA, conform=conform)
         return self._human
 
-    def write_quarantine(self, where: int | str, table: pa.Table) -> str | None:
-        """Rejected rows (with ``reason``) under ``quarantine/round=N`` (an int) or ``quarantine/<where>``
-        (``tasks``, ``ingest-<hash>``, ``failed/round=N``); nothing is written for an empty table."""
+    def write_quarantine(self, where: int | str, table: pa.Table, part: int = 0) -> str | None:
+        """Rejected rows (with ``reason``) under ``quarantine/round=N`` (an int; ``part``: its explorer
+        shard) or ``quarantine/<where>`` (``tasks``, ``ingest-<hash>``, ``failed/round=N``); nothing is
+        written for an empty table."""
         if table.num_rows == 0:
             return None
         if isinstance(where, int):  # a round's, behind its compute
-            return self._write_round_shard(self.key("quarantine", round_dir(where)), table, None)
+            return self._write_round_shard(self.key("quarantine", round_dir(where)), table, None, part)
         return write_shard(self.objects, self.key("quarantine", where), table)
 
     # state -----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ Object layout under ``<campaign>/`` (every Parquet shard committed with a marker
 
     tasksets/<split>/part-*.parquet                    train and eval tasks
     staging/round=N/rollouts/part-*.parquet            explorer output, verify's input (a hand-off)
-    experiences/usual/round=N/part-*.parquet           accepted explorer experiences
+    experiences/usual/round=N/part-*.parquet           accepted explorer experiences (part K: shard K)
     experiences/expert/taskset/part-*.parquet          demonstrations: the taskset's gold answers
     experiences/expert/ingest-<hash>/part-*.parquet    demonstrations: ingested ones (and corrections)
     experiences/human/ingest-<hash>/part-*.parquet     rated responses (human feedback)
@@ -21,7 +21,10 @@ Object layout under ``<campaign>/`` (every Parquet shard committed with a marker
                                                        weights.json commits a version
     weights/latest.json                                the newest published version (a pointer)
     state/campaign/gNNNNNNNN.json                      the campaign's state, one generation per update
-                                                       (state/explorer/: an explorer process's own)
+                                                       (state/explorer/: an explorer process's own;
+                                                       state/explorer-<hash>/: each of several)
+    leases/round=N/shard-K/gNNNNN.json                 which explorer process explores shard K of round
+                                                       N (explorer.shards > 1; see ``leases``)
     state/<name>.json                                  what resume needs: the FIFO cursor, replay use
                                                        counts, measured pass rates; ingest-<hash>: the
                                                        report of an ingested file

@@ -4,7 +4,8 @@ A campaign writes every round and deletes little while it runs (old checkpoints 
 ``checkpoint.keep_last``, published weights past the newest few, state generations). ``plan``
 lists what else can go, kind by kind; ``apply`` deletes it. The rule for each kind:
 
-- ``staging`` (``staging/round=N``): explore's hand-off to verify. Deleted for the rounds whose
+- ``staging`` (``staging/round=N``): explore's hand-off to verify, and the round's shard leases
+  (``leases/round=N``, several explorer processes). Deleted for the rounds whose
   experiences are committed, at or before the oldest kept checkpoint (all of them once the campaign
   finished): a resume redoes only later rounds (one whose hand-off is gone explores again; its
   stored rows stay). A finished campaign never resumes, so nothing below is kept for a resume.
@@ -129,7 +130,7 @@ def plan(store: ExperienceStore, config: dict[str, Any], *, finished: bool, keep
 
     usual = _rounds(under("experiences", "usual"))
     committed_rounds = {r for r, ks in usual.items() if any(f"/{COMMIT_DIR}/" in k for k in ks)}
-    staging = _rounds(under("staging"))
+    staging = _rounds(under("staging") + under("leases"))  # a round's hand-off and its shards' leases
     for round_no, ks in staging.items():
         if (finished or oldest_round is not None and round_no <= oldest_round) and round_no in committed_rounds:
             result.deletions["staging"] += ks

@@ -126,7 +126,7 @@ def _previous_state(cfg: CampaignConfig, run_dir: Path) -> CampaignState | None:
         return None  # (opening a FileStore would create its directory)
     try:
         store = open_store(url, **(store_options(cfg.storage) if scheme == "s3" else {}))
-        previous = StateStore(store, cfg.name, state_role(cfg.mode)).read()
+        previous = StateStore(store, cfg.name, state_role(cfg, run_dir)).read()
     except Exception as e:  # noqa: BLE001 — botocore's errors (no such bucket, access denied) in one line
         if isinstance(e, (ValueError, ConfigError)):
             raise

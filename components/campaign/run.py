@@ -69,8 +69,9 @@ class CampaignRun:
         self.checked, self.cfg, self.run_dir = checked, checked.cfg, checked.run_dir
         cfg, out = self.cfg, self.run_dir
         self.flow_run_id = flow_run_id
-        store = ExperienceStore(open_run_store(cfg.storage, out), cfg.name, write_behind=cfg.storage.write_behind)
-        self.states = StateStore(store.objects, cfg.name, state_role(cfg.mode))
+        store = ExperienceStore(open_run_store(cfg.storage, out), cfg.name, write_behind=cfg.storage.write_behind,
+                                shards=cfg.explorer.shards)
+        self.states = StateStore(store.objects, cfg.name, state_role(cfg, out))
         # AlreadyRunning while another attempt holds it: nothing written, no MLflow run made
         self.state, self.killed = claim(self.states, cfg.name, cfg.model_dump(mode="json"), flow_run_id)
         try:

@@ -14,6 +14,7 @@ import base64
 import copy
 import functools
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,7 @@ from rftflow.components.buffer.experiences import ExperienceStore
 from rftflow.components.buffer.weights import WeightStore
 
 from rftflow.components.buffer.layout import campaigns_in, open_run_store, round_dir
+from rftflow.components.buffer.leases import Lease, ShardLeases, shard_of_groups, shard_slice
 from rftflow.components.buffer.sampling import Sampler
 from rftflow.components.data.groups import informative_groups
 from rftflow.components.buffer.selectors import PassRates, measured_rewards, mixture_quotas, select_tasks
@@ -55,6 +57,7 @@ from rftflow.components.train.trainer import Trainer
 # buffer state a checkpoint restores: the trainer's (sampling cursors) and the explorer's (pass rates)
 TRAINER_STATE, EXPLORER_STATE = ("fifo_cursor", "replay_uses"), ("pass_rates",)
 RESUMABLE_STATE = TRAINER_STATE + EXPLORER_STATE
+log = logging.getLogger("rftflow")
 POLL_MAX_SECONDS = 0.5  # the longest pause between two looks at the store while waiting for the other process
 
 
@@ -91,7 +94,7 @@ class Campaign:
         torch.manual_seed(cfg.seed)
         # a round's writes go to the store behind the compute; each round ends with them stored (``sync``)
         self.store = store or ExperienceStore(open_run_store(cfg.storage, self.run_dir), cfg.name,
-                                            write_behind=cfg.storage.write_behind)
+                                              write_behind=cfg.storage.write_behind, shards=cfg.explorer.shards)
         self.weight_store = WeightStore(self.store.objects, cfg.name)  # checkpoints and published weights
         self.reward_fn = campaign_rewards(cfg)
         self.has_trainer, self.has_explorer = cfg.mode != "explore", cfg.mode != "train"
@@ -132,7 +135,11 @@ class Campaign:
         self.policy_version = 0  # the trainer's: +1 after the warm start, +1 per trained round
         self.syncs_checked = 0  # by ``check_sync`` in this process
         self.validation_log: list[ValidationEntry] = []
-        self.verified: dict[int, pa.Table] = {}  # verify's rows of a round, until buffer has stored them
+        self.verified: dict[int, pa.Table | None] = {}  # verify's rows of a round, until buffer has stored them
+        # several explorer processes: this one's leases on shards, and the shards it explored in each round
+        self.leases = (ShardLeases(self.store.direct, cfg.name, cfg.explorer.lease_seconds)
+                       if cfg.mode == "explore" and cfg.explorer.shards > 1 else None)
+        self.held: dict[int, list[Lease]] = {}
         self.stop = stop or StopFlag()  # set: stop after the current stage, end a wait or the warm start
 
     # setup -----------------------------------------------------------------------------------
@@ -244,6 +251,8 @@ class Campaign:
         if not self.has_trainer:  # an explorer alone: weights come from the store
             needed = self.needed_version(round_no)
             self._wait(lambda: self.weights.pull() >= needed, f"weights of version >= {needed} (the trainer's)")
+        if self.leases is not None:
+            return self._explore_shards(round_no)
         torch.manual_seed(self.cfg.seed * 1_000_003 + round_no)
         tables, batches, in_env = [], 0, 0.0
         rates = self.pass_rates() if ex.task_selector == "curriculum" else None
@@ -270,6 +279,37 @@ class Campaign:
         return {"explore/rows": table.num_rows, **batched,
                 "rollout/response_len": pc.mean(lengths).as_py() or 0.0, **table_episode_metrics(table),
                 **({"time/environment_s": in_env} if self.cfg.workflows() != {"single_turn"} else {})}
+
+    def _explore_shards(self, round_no: int) -> dict[str, float]:
+        """One of several explorer processes: each shard of the round that nobody holds (or whose
+        holder stopped renewing its lease) is leased, explored and staged (``staging`` part = the
+        shard), until none is left for this process; the shards it holds go on to verify and buffer."""
+        tasks = self._select(round_no, 0, None)
+        held, rows = self.held.setdefault(round_no, []), 0
+        for shard in range(self.cfg.explorer.shards):
+            if self.store.round_committed(round_no, shard) or any(lease.shard == shard for lease in held):
+                continue
+            lease = self.leases.acquire(round_no, shard)
+            if lease is not None:
+                rows += self._explore_shard(round_no, shard, tasks).num_rows
+                held.append(lease)
+        return {"explore/rows": rows, "explore/shards": len(held)}
+
+    def _explore_shard(self, round_no: int, shard: int, tasks: list[Task]) -> pa.Table:
+        """Shard ``shard``'s slice of the round's ``tasks`` explored (seeded by round and shard) → staging."""
+        ex = self.cfg.explorer
+        torch.manual_seed(self.cfg.seed * 1_000_003 + round_no + 7_919 * shard)
+        part = shard_slice(len(tasks), ex.shards, shard)
+        tables, slot = [], part.start
+        for workflow, some in self._by_workflow(tasks[part.start:part.stop]):
+            tables.append(workflow.explore(
+                self.engine, some, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
+                temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=self.weights.version,
+                first_slot=slot))
+            slot += len(some)
+        table = pa.concat_tables(tables)
+        self.store.write_staging(round_no, "rollouts", table, part=shard)
+        return table
 
     def _select(self, round_no: int, batch: int, rates: PassRates | None) -> list[Task]:
         """The round's tasks (refill ``batch``): ``explorer.tasks_per_round`` by the task selector; in a
@@ -300,7 +340,14 @@ class Campaign:
         contracts = self.cfg.contracts
         bounds = ContractBounds.of(contracts, max_model_version=self.weights.version,
                                    group_size=self.cfg.explorer.repeat_times)
-        checked = check_round(self.store.read_staging(round_no, "rollouts"), self.tasks_by_id, self.reward_fn,
+        if self.leases is None:
+            rollouts = self.store.read_staging(round_no, "rollouts")
+        elif held := self.held.get(round_no):  # several explorer processes: the shards this one explored
+            rollouts = pa.concat_tables([self.store.read_staging(round_no, "rollouts", lease.shard) for lease in held])
+        else:  # the other explorers hold every shard of this round
+            self.verified[round_no] = None
+            return {}
+        checked = check_round(rollouts, self.tasks_by_id, self.reward_fn,
                               self.cfg.reward.function, bounds, self.cfg.pipelines.experiences, self.cfg.seed)
         verdict = checked.verdict
         self._record("experience contract", round_no, checked.scored.num_rows, verdict.quarantined)
@@ -317,6 +364,8 @@ class Campaign:
     def buffer(self, round_no: int) -> dict[str, float]:
         """Commit verified rows: accepted → experiences/usual, rejected → quarantine; pass rates."""
         verified = self.verified.get(round_no)
+        if self.leases is not None:
+            return self._buffer_shards(round_no, verified)
         if verified is None:
             raise RuntimeError(f"round {round_no}: buffer runs after verify in the same process (its verified rows "
                                "are handed over in memory)")
@@ -331,6 +380,56 @@ class Campaign:
             self.store.flush()
         del self.verified[round_no]
         return {"buffer/usual_rows": accepted.num_rows, "tasks/mean_pass_rate": rates.mean()}
+
+    def _buffer_shards(self, round_no: int, verified: pa.Table | None) -> dict[str, float]:
+        """One of several explorer processes: the shards it holds committed (``_commit_held``);
+        then the round's other shards are waited for, and any whose lease expired is taken over:
+        explored, verified and committed here (``explorer.lease_seconds``). Pass rates are not kept
+        (each process sees only its shards)."""
+        accepted = self._commit_held(round_no, verified)
+        taken = 0
+
+        def all_committed() -> bool:
+            nonlocal taken, accepted
+            for shard in range(self.cfg.explorer.shards):
+                if self.store.round_committed(round_no, shard):
+                    continue
+                lease = self.leases.acquire(round_no, shard)
+                if lease is not None:  # its holder died: this process redoes the shard
+                    self._explore_shard(round_no, shard, self._select(round_no, 0, None))
+                    self.held[round_no] = [lease]
+                    self.verify(round_no)
+                    accepted += self._commit_held(round_no, self.verified[round_no])
+                    taken += 1
+            return self.store.round_committed(round_no)
+
+        self._wait(all_committed, f"round {round_no}'s other shards (the other explorer processes')")
+        return {"buffer/usual_rows": accepted, "buffer/shards_taken_over": taken}
+
+    def _commit_held(self, round_no: int, verified: pa.Table | None) -> int:
+        """Each shard this process holds in ``round_no`` committed as its own part of the round
+        (usual experiences and quarantine; a row's shard is its group's slot), unless another
+        process took the shard over meanwhile; the leases released. The rows accepted."""
+        held, accepted_rows = self.held.pop(round_no, []), 0
+        self.verified.pop(round_no, None)
+        if verified is not None:
+            shards = shard_of_groups(verified.column("group_id").to_pylist(), self.cfg.explorer.tasks_per_round,
+                                     self.cfg.explorer.shards)
+            for lease in held:
+                if not self.leases.still_held(lease):
+                    log.warning("round %d: shard %d was taken over by another explorer; its rows here are dropped",
+                                round_no, lease.shard)
+                    continue
+                rows = verified.filter(pa.array([s == lease.shard for s in shards], pa.bool_()))
+                rejected = pc.is_valid(rows.column("reason"))
+                accepted = rows.filter(pc.invert(rejected)).drop_columns(["reason"])
+                self.store.write_usual(round_no, accepted, keep=False, part=lease.shard)
+                self.store.write_quarantine(round_no, rows.filter(rejected), part=lease.shard)
+                accepted_rows += accepted.num_rows
+            self.store.flush()
+        for lease in held:
+            self.leases.release(lease)
+        return accepted_rows
 
     def train(self, round_no: int) -> dict[str, float]:
         """Update the policy on the round's batch (see ``buffer.sampling``: explorer rows by FIFO or

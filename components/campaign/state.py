@@ -20,6 +20,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from rftflow import __version__
@@ -212,6 +213,20 @@ def claim(states: StateStore, campaign: str, config: dict[str, Any], flow_run_id
     return state, killed
 
 
-def state_role(mode: str) -> str:
-    """Whose state a process of ``mode`` keeps: ``explorer`` (mode explore) or ``campaign``."""
-    return "explorer" if mode == "explore" else "campaign"
+def explorer_roles(store: ObjectStore, campaign: str) -> list[str]:
+    """The roles of the explorer processes that kept state in ``campaign``: ``explorer`` (one) or
+    ``explorer-<hash>`` each (several, ``explorer.shards`` > 1)."""
+    prefix = f"{campaign}/state/"
+    roles = {key[len(prefix):].split("/", 1)[0] for key in store.list(prefix) if "/" in key[len(prefix):]}
+    return sorted(r for r in roles if r == "explorer" or r.startswith("explorer-"))
+
+
+def state_role(cfg, run_dir) -> str:
+    """Whose state a process of config ``cfg`` in ``run_dir`` keeps: ``campaign`` (it trains),
+    ``explorer`` (mode explore), ``explorer-<run dir hash>`` (one of several explorer processes,
+    ``explorer.shards`` > 1: each keeps its own, found again by its run dir)."""
+    if cfg.mode != "explore":
+        return "campaign"
+    if cfg.explorer.shards == 1:
+        return "explorer"
+    return f"explorer-{hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:8]}"

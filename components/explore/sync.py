@@ -128,10 +128,10 @@ def check_sync(trainer, engine, version: int, explorer_version: int, probe: Sequ
             ours = trainer.logprobs_of(rollout.prompt_ids, rollout.response_ids)
             diff = float((ours - torch.tensor(rollout.logprobs)).abs().max())
             if diff > tolerance:
-                where = f" on {view.base_url}" if hasattr(engine, "pinned") else ""
-                raise SyncMismatch(f"weight sync of version {version}: the explorer's log-probs{where} differ from the "
+                where = f" (server {view.base_url})" if hasattr(engine, "pinned") else ""
+                raise SyncMismatch(f"weight sync of version {version}: the explorer's log-probs differ from the "
                                    f"trainer's by up to {diff:.4f} nats (tolerance {tolerance}) on the same "
-                                   f"{len(rollout.response_ids)} tokens: it samples from other weights")
+                                   f"{len(rollout.response_ids)} tokens{where}: it samples from other weights")
             worst = max(worst, diff)
         metrics["sync/logprob_max_diff"] = worst
     return metrics

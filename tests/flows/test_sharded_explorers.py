@@ -1,0 +1,127 @@
+"""Two explorer processes share each round (``explorer.shards: 2``, leases in the store) and a
+trainer process trains on what they commit: the store holds every experience exactly once, also
+when one explorer is SIGKILLed mid-round and the other takes its shard over after the lease expires."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROUNDS, TASKS, REPEAT = 4, 16, 4
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start(cli_env, config, run_dir: Path, mode: str, shared: list[str]) -> subprocess.Popen:
+    args = [sys.executable, "-m", "rftflow.flows.cli", "run", str(config), "--run-dir", str(run_dir), "--no-progress",
+            "--mode", mode, *[a for s in shared for a in ("--set", s)]]
+    return subprocess.Popen(args, cwd=ROOT, env=cli_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # its own group: a SIGKILL reaches all of it
+
+
+def _campaign(cli_env, tmp_path, default_config, small, on_poll=None) -> dict[str, tuple[int, str]]:
+    """Trainer + two explorers until all end (``on_poll(procs)`` between looks); each one's (exit code, output)."""
+    store = (tmp_path / "store").as_uri()
+    shared = [*small, f"rounds={ROUNDS}", "sync.method=checkpoint", "sync.offset=1", "algorithm.max_staleness=1",
+              "trainer.warmup_steps=10", "eval.every=4", "checkpoint.every=4", f"storage.url={store}", "threads=1",
+              "sync.timeout_seconds=300", "explorer.shards=2", "explorer.lease_seconds=5",
+              f"explorer.tasks_per_round={TASKS}", f"explorer.repeat_times={REPEAT}", "explorer.max_new_tokens=48"]
+    procs = {name: _start(cli_env, default_config, tmp_path / name, mode, shared)
+             for name, mode in (("explorer-a", "explore"), ("explorer-b", "explore"), ("trainer", "train"))}
+    outputs: dict[str, tuple[int, str]] = {}
+    while len(outputs) < len(procs):
+        if on_poll is not None:
+            on_poll(procs)
+        for name, proc in procs.items():
+            if name not in outputs and proc.poll() is not None:
+                outputs[name] = (proc.returncode, proc.stdout.read())
+                if proc.returncode not in (0, -signal.SIGKILL):  # one failing: the others are stopped
+                    for other in procs.values():
+                        other.poll() is None and os.killpg(other.pid, signal.SIGTERM)
+        time.sleep(0.02)
+    return outputs
+
+
+def _round_and_shard(lease_key: str) -> tuple[int, int]:
+    """``<campaign>/leases/round=N/shard-K/gG.json`` → (N, K)."""
+    round_part, shard_part = lease_key.split("/")[2:4]
+    return int(round_part.removeprefix("round=")), int(shard_part.removeprefix("shard-"))
+
+
+def _check_exactly_once(store_url: str) -> dict[tuple[int, int], list[dict]]:
+    """Every round's groups are stored once each (two parts, TASKS × REPEAT rows, unique ids); returns
+    the leases by (round, shard)."""
+    from rftflow.components.buffer.experiences import ExperienceStore
+    from rftflow.components.buffer.store import open_store
+
+    objects = open_store(store_url)
+    usual = ExperienceStore(objects, "arith-mix", shards=2).read_kind("usual")
+    assert pc.count_distinct(usual.column("experience_id")).as_py() == usual.num_rows
+    for r in range(1, ROUNDS + 1):
+        rows = usual.filter(pc.equal(usual.column("round"), r))
+        groups = rows.group_by("group_id").aggregate([([], "count_all")])
+        assert groups.num_rows == TASKS and set(groups.column("count_all").to_pylist()) == {REPEAT}, r
+        assert len([k for k in objects.list(f"arith-mix/experiences/usual/round={r}/_commit/")]) == 2
+    leases = {}
+    for key in objects.list("arith-mix/leases/"):
+        r, shard = _round_and_shard(key)
+        leases.setdefault((r, shard), []).append(json.loads(objects.get(key)))
+    return leases
+
+
+def test_two_explorers_share_the_rounds_and_the_store_holds_each_experience_once(cli_env, tmp_path, default_config,
+                                                                                small):
+    outputs = _campaign(cli_env, tmp_path, default_config, small)
+    for name, (code, out) in outputs.items():
+        assert code == 0, f"{name}: {out[-3000:]}"
+        assert "Traceback" not in out and "ERROR" not in out, f"{name}: {out[-3000:]}"
+    leases = _check_exactly_once((tmp_path / "store").as_uri())
+    owners = {lease["owner"] for held in leases.values() for lease in held}
+    assert len(owners) == 2  # both explorers explored shards
+    assert all(len(held) == 1 for held in leases.values())  # nobody's lease expired
+    summary = json.loads((tmp_path / "trainer" / "summary.json").read_text())
+    assert summary["eval_accuracy_after"] is not None
+
+
+def test_a_sigkilled_explorers_shard_is_taken_over_and_nothing_is_lost_or_doubled(cli_env, tmp_path, default_config,
+                                                                                small):
+    from rftflow.components.buffer.store import open_store
+
+    objects = open_store((tmp_path / "store").as_uri())
+    killed: list[int] = []
+
+    def kill_mid_round(procs) -> None:  # SIGKILL explorer-b while it holds a shard of round >= 2 not yet committed
+        victim = procs["explorer-b"]
+        if killed or victim.poll() is not None:
+            return
+        for key in objects.list("arith-mix/leases/"):
+            r, shard = _round_and_shard(key)
+            try:
+                owner = json.loads(objects.get(key))["owner"]
+            except (KeyError, ValueError):
+                continue
+            mine = owner.split("-")[-2] == str(victim.pid)
+            committed = objects.exists(f"arith-mix/experiences/usual/round={r}/_commit/part-{shard:05d}.json")
+            if r >= 2 and mine and not committed:
+                os.killpg(victim.pid, signal.SIGKILL)
+                killed.append(r)
+                return
+
+    outputs = _campaign(cli_env, tmp_path, default_config, small, on_poll=kill_mid_round)
+    assert killed, "explorer-b never held an uncommitted shard of round >= 2"
+    assert outputs["explorer-b"][0] == -signal.SIGKILL
+    for name in ("explorer-a", "trainer"):
+        code, out = outputs[name]
+        assert code == 0 and "Traceback" not in out, f"{name}: {out[-3000:]}"
+    assert "took over shard" in outputs["explorer-a"][1]
+    leases = _check_exactly_once(objects.url)
+    assert any(len(held) == 2 for held in leases.values())  # a generation 1: the shard taken over
