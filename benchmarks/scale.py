@@ -2,15 +2,17 @@
 
 ``--rollout`` measures two things, each on the same work with one thread per replica or process:
 
-1. **Server pool**: the ``openai`` engine over 1 and then 2 vLLM CPU servers (``infra/vllm_server.py``,
+1. **Server pool**: the ``openai`` engine over 1 and over 2 vLLM CPU servers (``infra/vllm_server.py``,
    each bound to its own core), sampling ``--prompts`` prompts × ``--n`` responses of up to
-   ``--tokens`` tokens, ``--repeats`` times after one warm-up call. Needs ``.venv-vllm``.
+   ``--tokens`` tokens: two warm-up calls each, then ``--repeats`` timed calls each, alternating;
+   the median call. Needs ``.venv-vllm``.
 2. **Sharded explorers**: 1 and then 2 explorer processes (``mode: explore``, ``explorer.shards``
    = processes, ``hf`` engine, one torch thread each) exploring ``--rounds`` rounds of the default
    campaign's tasks. This process prepares the campaign and publishes its start weights, as a trainer
    would, and does not train (``sync.offset`` = rounds: the explorers never wait for newer weights),
-   so the figure is the explorers' own. The clock runs from the first lease taken to the last
-   round committed (model loading excluded).
+   so the figure is the explorers' own. The clock runs from round 1 committed to the last round
+   committed (start-up and the first round excluded), over rounds 2 … ``--rounds``; run 1, 2, 2,
+   1 processes, the mean of each.
 
     python benchmarks/scale.py --rollout
     python benchmarks/scale.py --rollout --model /path/to/hf-model-dir --tokens 64
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,38 +37,45 @@ import rftflow.flows  # noqa: E402,F401  (quiet service defaults)
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
 
 
-def pool_samples_per_second(urls: list[str], served: str, tokenizer, args) -> float:
-    """Responses per second of the ``openai`` engine over ``urls`` (after a warm-up call)."""
+def server_pool(args, work: Path) -> list[tuple[str, int, float]]:
+    """Responses per second of the ``openai`` engine over 1 and over 2 servers: after two warm-up
+    calls each, the timed calls alternate between the two (``--repeats`` each), so both meet the
+    same machine; the median call of each."""
     from rftflow.components.explore.engines import OpenAIRolloutEngine
-
-    engine = OpenAIRolloutEngine(urls, served, tokenizer)
-    prompts = [f"{a} + {b} =" for a, b in zip(range(args.prompts), range(7, 7 + args.prompts))]
-    engine.generate(prompts, n=args.n, max_new_tokens=args.tokens)
-    start = time.perf_counter()
-    for _ in range(args.repeats):
-        groups = engine.generate(prompts, n=args.n, max_new_tokens=args.tokens)
-    seconds = time.perf_counter() - start
-    assert sum(len(g) for g in groups) == args.prompts * args.n
-    return args.repeats * args.prompts * args.n / seconds
-
-
-def server_pool(args, work: Path) -> list[tuple[str, float]]:
     from rftflow.components.explore.models import load_model, resolve_model_path
     from rftflow.infra.vllm_server import vllm_servers
 
     model_dir = resolve_model_path(args.model)
-    _, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model)
+    if not Path(model_dir).is_dir():  # a GGUF file (SmolLM2): the servers read its de-quantized HF directory
+        model_dir = str(work / "model")
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+    del model
+    prompts = [f"{a} + {b} =" for a, b in zip(range(args.prompts), range(7, 7 + args.prompts))]
+    rates: dict[int, list[float]] = {1: [], 2: []}
     with vllm_servers(model_dir, 2, threads=1, served_model="m", log_dir=work, eager=False) as servers:
-        one = pool_samples_per_second([servers[0].url], "m", tokenizer, args)
-        two = pool_samples_per_second([s.url for s in servers], "m", tokenizer, args)
-    return [("vLLM servers", 1, one), ("vLLM servers", 2, two)]
+        engines = {1: OpenAIRolloutEngine([servers[0].url], "m", tokenizer),
+                   2: OpenAIRolloutEngine([s.url for s in servers], "m", tokenizer)}
+        for _ in range(2):
+            for engine in engines.values():
+                engine.generate(prompts, n=args.n, max_new_tokens=args.tokens)
+        for _ in range(args.repeats):
+            for count, engine in engines.items():
+                start = time.perf_counter()
+                groups = engine.generate(prompts, n=args.n, max_new_tokens=args.tokens)
+                rates[count].append(args.prompts * args.n / (time.perf_counter() - start))
+                assert sum(len(g) for g in groups) == args.prompts * args.n
+    medians = {count: statistics.median(r) for count, r in rates.items()}
+    print(f"server pool: 1 server {medians[1]:.1f} samples/s, 2 servers {medians[2]:.1f} samples/s", flush=True)
+    return [("vLLM servers", count, rate) for count, rate in medians.items()]
 
 
 def explorer_samples_per_second(processes: int, args, work: Path) -> float:
     """Responses per second of ``processes`` explorer processes sharing ``--rounds`` rounds."""
-    from rftflow.components.buffer.store import open_store
     from rftflow.components.campaign.stages import Campaign
 
+    work = Path(tempfile.mkdtemp(dir=work))
     store = (work / f"store-{processes}").as_uri()
     overrides = [f"rounds={args.rounds}", "trainer.warmup_steps=0", "sync.method=checkpoint",
                  f"sync.offset={args.rounds}", f"algorithm.max_staleness={args.rounds}", f"storage.url={store}",
@@ -81,12 +91,11 @@ def explorer_samples_per_second(processes: int, args, work: Path) -> float:
     procs = [subprocess.Popen([sys.executable, "-c", code, str(CONFIG), str(work / f"explorer-{processes}-{i}"),
                                *overrides, "mode=explore"], env=env, stdout=subprocess.DEVNULL)
              for i in range(processes)]
-    objects, campaign = open_store(store), trainer.cfg.name
     started = None
     while True:
         if any(p.poll() not in (None, 0) for p in procs):
             raise RuntimeError("an explorer process failed")
-        if started is None and objects.list(f"{campaign}/leases/round=1/"):
+        if started is None and trainer.store.round_committed(1):
             started = time.perf_counter()
         if trainer.store.round_committed(args.rounds):
             done = time.perf_counter()
@@ -94,7 +103,8 @@ def explorer_samples_per_second(processes: int, args, work: Path) -> float:
         time.sleep(0.01)
     for p in procs:
         p.wait()
-    rows = trainer.store.read_kind("usual").num_rows + trainer.store.read_kind("quarantine").num_rows
+    store = trainer.store
+    rows = sum(store.read_kind(kind, r).num_rows for kind in ("usual", "quarantine") for r in range(2, args.rounds + 1))
     return rows / (done - started)
 
 
@@ -105,9 +115,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=64, help="server pool: prompts per call")
     parser.add_argument("--n", type=int, default=8, help="server pool: responses per prompt")
     parser.add_argument("--tokens", type=int, default=32, help="longest response")
-    parser.add_argument("--repeats", type=int, default=5, help="server pool: timed calls")
-    parser.add_argument("--rounds", type=int, default=6, help="explorers: rounds")
-    parser.add_argument("--tasks", type=int, default=64, help="explorers: tasks per round (8 responses each)")
+    parser.add_argument("--repeats", type=int, default=7, help="server pool: timed calls of each")
+    parser.add_argument("--rounds", type=int, default=12, help="explorers: rounds")
+    parser.add_argument("--tasks", type=int, default=128, help="explorers: tasks per round (8 responses each)")
     args = parser.parse_args()
     if not args.rollout:
         parser.error("say what to measure: --rollout")
@@ -119,8 +129,11 @@ def main() -> None:
             rows += server_pool(args, Path(work))
         else:
             print(f"(no vLLM CPU env at {VLLM_VENV}: the server pool rows are left out; infra/vllm_cpu_env.sh builds it)")
-        for processes in (1, 2):
-            rows.append(("explorer processes", processes, explorer_samples_per_second(processes, args, Path(work))))
+        explored: dict[int, list[float]] = {1: [], 2: []}
+        for processes in (1, 2, 2, 1):  # ABBA: a drift of the machine's speed falls on both alike
+            explored[processes].append(explorer_samples_per_second(processes, args, Path(work)))
+            print(f"{processes} explorer process(es): {explored[processes][-1]:.1f} samples/s", flush=True)
+        rows += [("explorer processes", count, statistics.mean(r)) for count, r in explored.items()]
     print(f"\nrollout samples/s, {args.model}, one thread per server or process, {os.cpu_count()} cores\n")
     print("| explorer parts | how many | samples/s | × one |")
     print("| --- | --- | --- | --- |")

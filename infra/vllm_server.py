@@ -67,9 +67,12 @@ def start_server(model_dir: str, *, served_model: str = "model", threads: int = 
     """``vllm serve model_dir`` on ``port`` (a free one if None), answering ``/health``. ``eager``
     (``--enforce-eager``) skips vLLM's torch.compile (the slowest part of its start-up without a
     compile cache), the model run as the trainer runs it. ``lora_rank``: LoRA adapters up to that
-    rank, loaded at run time (``/v1/load_lora_adapter``). ``cores``: the CPU ids its ``threads``
-    OpenMP threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``"1"`` or ``"2-3"``), so
-    servers side by side do not share cores; None: vLLM's own choice."""
+    rank, loaded at run time (``/v1/load_lora_adapter``). ``cores``: the CPU ids the whole server is
+    bound to (e.g. ``"1"`` or ``"2-3"``), so servers side by side do not share cores; its model then
+    runs inside the engine process (vLLM's ``uni`` executor, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+    rather than in a worker process of its own, whose engine process would busy-wait on it (vLLM's
+    shared-memory queue spins for a second after each read) and take a core from the server beside
+    it. None: vLLM's own placement (an engine and a worker process, threads bound by vLLM)."""
     import httpx
 
     from rftflow.flows.servers import free_port
@@ -77,8 +80,12 @@ def start_server(model_dir: str, *, served_model: str = "model", threads: int = 
     port = port or free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(threads),
            "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    affinity = None
     if cores is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cores
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        first, _, last = cores.partition("-")
+        cpus = set(range(int(first), int(last or first) + 1))
+        affinity = lambda: os.sched_setaffinity(0, cpus)  # noqa: E731 — inherited by the server's children
     lora = []
     if lora_rank is not None:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
@@ -90,7 +97,8 @@ def start_server(model_dir: str, *, served_model: str = "model", threads: int = 
                              "--model", model_dir, "--host", "127.0.0.1", "--port",
                              str(port), "--served-model-name", served_model, "--dtype", "float32",
                              "--max-model-len", "256", "--seed", "0", *(["--enforce-eager"] if eager else []), *lora],
-                             env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+                             env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                             preexec_fn=affinity)
     server = Server(f"http://127.0.0.1:{port}", port, proc)
     try:
         deadline = time.time() + startup_seconds

@@ -140,6 +140,7 @@ class Campaign:
         self.leases = (ShardLeases(self.store.direct, cfg.name, cfg.explorer.lease_seconds)
                        if cfg.mode == "explore" and cfg.explorer.shards > 1 else None)
         self.held: dict[int, list[Lease]] = {}
+        self.first_open = 1  # the oldest round that may have shards left to commit (``_take_over``)
         self.stop = stop or StopFlag()  # set: stop after the current stage, end a wait or the warm start
 
     # setup -----------------------------------------------------------------------------------
@@ -250,7 +251,13 @@ class Campaign:
         ex = self.cfg.explorer
         if not self.has_trainer:  # an explorer alone: weights come from the store
             needed = self.needed_version(round_no)
-            self._wait(lambda: self.weights.pull() >= needed, f"weights of version >= {needed} (the trainer's)")
+
+            def arrived() -> bool:
+                if self.leases is not None:  # meanwhile, earlier shards whose explorer died (the trainer waits)
+                    self._take_over(round_no - 1)
+                return self.weights.pull() >= needed
+
+            self._wait(arrived, f"weights of version >= {needed} (the trainer's)")
         if self.leases is not None:
             return self._explore_shards(round_no)
         torch.manual_seed(self.cfg.seed * 1_000_003 + round_no)
@@ -281,9 +288,11 @@ class Campaign:
                 **({"time/environment_s": in_env} if self.cfg.workflows() != {"single_turn"} else {})}
 
     def _explore_shards(self, round_no: int) -> dict[str, float]:
-        """One of several explorer processes: each shard of the round that nobody holds (or whose
-        holder stopped renewing its lease) is leased, explored and staged (``staging`` part = the
-        shard), until none is left for this process; the shards it holds go on to verify and buffer."""
+        """One of several explorer processes: each shard of the round that nobody holds is leased,
+        explored and staged (``staging`` part = the shard), until none is left for this process;
+        the shards it holds go on to verify and buffer. Shards of earlier rounds whose explorer died
+        (their lease expired) are redone first (``_take_over``)."""
+        taken = self._take_over(round_no - 1)
         tasks = self._select(round_no, 0, None)
         held, rows = self.held.setdefault(round_no, []), 0
         for shard in range(self.cfg.explorer.shards):
@@ -293,7 +302,28 @@ class Campaign:
             if lease is not None:
                 rows += self._explore_shard(round_no, shard, tasks).num_rows
                 held.append(lease)
-        return {"explore/rows": rows, "explore/shards": len(held)}
+        return {"explore/rows": rows, "explore/shards": len(held), "explore/shards_taken_over": taken}
+
+    def _take_over(self, last_round: int) -> int:
+        """Redo here — explore, verify, commit — each shard of rounds up to ``last_round`` that is not
+        committed and whose lease expired (its explorer died) or was never taken; how many.
+        Rounds known to be whole are not looked at again."""
+        taken = 0
+        while self.first_open <= last_round and self.store.round_committed(self.first_open):
+            self.first_open += 1
+        for round_no in range(self.first_open, last_round + 1):
+            for shard in range(self.cfg.explorer.shards):
+                if self.store.round_committed(round_no, shard):
+                    continue
+                lease = self.leases.acquire(round_no, shard)
+                if lease is None:  # its explorer is alive
+                    continue
+                self._explore_shard(round_no, shard, self._select(round_no, 0, None))
+                self.held[round_no] = [lease]
+                self.verify(round_no)
+                self._commit_held(round_no, self.verified.get(round_no))
+                taken += 1
+        return taken
 
     def _explore_shard(self, round_no: int, shard: int, tasks: list[Task]) -> pa.Table:
         """Shard ``shard``'s slice of the round's ``tasks`` explored (seeded by round and shard) → staging."""
@@ -382,28 +412,20 @@ class Campaign:
         return {"buffer/usual_rows": accepted.num_rows, "tasks/mean_pass_rate": rates.mean()}
 
     def _buffer_shards(self, round_no: int, verified: pa.Table | None) -> dict[str, float]:
-        """One of several explorer processes: the shards it holds committed (``_commit_held``);
-        then the round's other shards are waited for, and any whose lease expired is taken over:
-        explored, verified and committed here (``explorer.lease_seconds``). Pass rates are not kept
-        (each process sees only its shards)."""
-        accepted = self._commit_held(round_no, verified)
-        taken = 0
+        """One of several explorer processes: the shards it holds committed (``_commit_held``). The
+        round's other shards are not waited for (the next round's free shards go to whichever
+        explorer is free first), except after the last round: then every round's shards are
+        waited for, and any whose explorer died is redone here (``explorer.lease_seconds``).
+        Pass rates are not kept (each process sees only its shards)."""
+        accepted, taken = self._commit_held(round_no, verified), 0
+        if round_no == self.cfg.rounds:
+            def all_committed() -> bool:
+                nonlocal taken
+                taken += self._take_over(round_no)
+                return self.first_open > round_no
 
-        def all_committed() -> bool:
-            nonlocal taken, accepted
-            for shard in range(self.cfg.explorer.shards):
-                if self.store.round_committed(round_no, shard):
-                    continue
-                lease = self.leases.acquire(round_no, shard)
-                if lease is not None:  # its holder died: this process redoes the shard
-                    self._explore_shard(round_no, shard, self._select(round_no, 0, None))
-                    self.held[round_no] = [lease]
-                    self.verify(round_no)
-                    accepted += self._commit_held(round_no, self.verified[round_no])
-                    taken += 1
-            return self.store.round_committed(round_no)
-
-        self._wait(all_committed, f"round {round_no}'s other shards (the other explorer processes')")
+            # looked at often: the other shards end about when this one did
+            self._wait(all_committed, "the other explorer processes' last shards", most=0.05)
         return {"buffer/usual_rows": accepted, "buffer/shards_taken_over": taken}
 
     def _commit_held(self, round_no: int, verified: pa.Table | None) -> int:
@@ -453,9 +475,9 @@ class Campaign:
         """Wait until round ``round_no``'s experiences are committed (by an explorer process)."""
         self._wait(lambda: self.store.round_committed(round_no), f"round {round_no}'s experiences (the explorer's)")
 
-    def _wait(self, ready, what: str) -> None:
+    def _wait(self, ready, what: str, most: float = POLL_MAX_SECONDS) -> None:
         """Poll ``ready()`` until true, every 2 ms at first and then twice as long each time up to
-        ``POLL_MAX_SECONDS`` (a round of the other process can take milliseconds; a long wait should
+        ``most`` seconds (a round of the other process can take milliseconds; a long wait should
         not hammer the store); ``TimeoutError`` naming ``what`` after ``sync.timeout_seconds``."""
         start, pause = time.monotonic(), 0.002
         while not ready():
@@ -465,7 +487,7 @@ class Campaign:
                 raise TimeoutError(f"waited {self.cfg.sync.timeout_seconds:.0f} s for {what} in {self.store.url}: "
                                    "is the other process (`rftflow run --mode explore|train`) running?")
             time.sleep(pause)
-            pause = min(2 * pause, POLL_MAX_SECONDS)
+            pause = min(2 * pause, most)
 
     def sync(self, round_no: int) -> dict[str, float]:
         """End the round: its queued writes are waited for (a failed one fails this stage); then the

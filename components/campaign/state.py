@@ -34,7 +34,7 @@ KEEP_GENERATIONS = 20
 OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_seconds", "storage.write_behind",
                     "checkpoint.keep_last", "checkpoint.keep_best", "sync.timeout_seconds", "sync.check",
                     "sync.check_logprobs_every", "sync.logprob_tolerance", "explorer.base_url",
-                    "bench.models", "threads", "bench.tasksets", "promotion.margin", "promotion.alpha",
+                    "explorer.lease_seconds", "bench.models", "threads", "bench.tasksets", "promotion.margin", "promotion.alpha",
                     "promotion.min_accuracy", "retention.keep_rounds", "retention.after_campaign")
 OPERATIONAL_SECTIONS = ("orchestration",)  # how the steps are run: every key in it
 
