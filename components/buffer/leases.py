@@ -133,7 +133,8 @@ class ShardLeases:
                 try:
                     self.renew()
                 except Exception as e:  # the store is down: the next beat tries again
-                    log.warning("explorer %s: lease renewal failed (%s)", self.owner, str(e).splitlines()[0][:200])
+                    log.warning("explorer %s: lease renewal failed (%s: %s)", self.owner, type(e).__name__,
+                                (str(e).splitlines() or [""])[0][:200])
 
         self._beating = threading.Thread(target=beat, name="rftflow-leases", daemon=True)
         self._beating.start()

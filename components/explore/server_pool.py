@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from rftflow.components.secrets import redact_url
+
 log = logging.getLogger("rftflow")
 REVIVE_SECONDS = 5.0  # how often a replica that is down is asked whether it is back
 REQUESTS_PER_REPLICA = 2  # a round's prompts are cut into this many requests per live replica (with several)
@@ -40,8 +42,8 @@ class Replica:
     """One server of the pool: its client, outstanding requests, and whether it is up."""
 
     def __init__(self, url: str, timeout: float):
-        self.url = url.rstrip("/")
-        self.client = httpx.Client(base_url=self.url, timeout=timeout)
+        self.client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
+        self.url = redact_url(url.rstrip("/"))  # for messages: never a user:password@ part
         self.outstanding = 0  # requests sent and not answered
         self.served = 0  # requests answered
         self.up = True
@@ -120,7 +122,8 @@ class ServerPool:
         with self._lock:
             if not replica.up:  # another request to it failed first
                 return
-            replica.up, replica.failure = False, f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+            detail = (str(error).splitlines() or [""])[0][:120]  # a reset connection's error may say nothing
+            replica.up, replica.failure = False, f"{type(error).__name__}: {detail}" if detail else type(error).__name__
             replica.probed_at = time.monotonic()
             left = len(self.live)
         if left:
