@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rftflow.components.buffer.layout import round_dir
 from rftflow.components.buffer.store import ObjectStore
@@ -40,7 +40,6 @@ class Lease:
     key: str
     beat: int = 0
     lost: bool = False  # a newer generation appeared: another process took the shard over
-    seen_at: float = field(default_factory=time.monotonic)
 
 
 class ShardLeases:
