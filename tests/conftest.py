@@ -1,16 +1,28 @@
-"""Shared fixtures: a private model cache, quiet service defaults, a Prefect test API, an S3 server,
-the default campaign config and the overrides that make it small, and registries left as found."""
+"""Shared fixtures: a private scratch folder and model cache, quiet service defaults, a Prefect test
+API, an S3 server, the default campaign config and the overrides that make it small, and registries left as found."""
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("RFTFLOW_CACHE_DIR", tempfile.mkdtemp(prefix="rftflow-cache-"))
+if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controlling process; workers inherit what it sets
+    # Everything the tests and their processes put in the temp dir (a SIGKILLed campaign leaves its
+    # temporary folders behind, a model cache holds converted checkpoints) lands in one folder that
+    # goes when the run ends; pytest's own tmp_path folders stay in the system temp dir, and
+    # `tmp_path_retention_policy` (pyproject) keeps only those of failed tests.
+    _SCRATCH = tempfile.mkdtemp(prefix="rftflow-tests-")
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    os.environ["TMPDIR"] = _SCRATCH
+    tempfile.tempdir = None
+    os.environ.setdefault("RFTFLOW_CACHE_DIR", os.path.join(_SCRATCH, "cache"))
+    atexit.register(shutil.rmtree, _SCRATCH, True)
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n 2 (pyproject): two workers share the 2 cores
     # one torch thread per worker and per process it starts: two processes at torch's default
     # threads each (every core) thrash, ~50x slower; builtin:tiny gains nothing from a second thread
