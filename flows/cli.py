@@ -115,12 +115,20 @@ def run(
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     overrides = [*overrides, f"mode={mode}"] if mode else overrides
     name = "the campaign"
+    launched = int(os.environ.get("WORLD_SIZE", "1"))  # accelerate launch / torchrun: this process's group
+    if int(os.environ.get("RANK", "0")) > 0:
+        _follow(config, overrides, launched)
+        return
     _report_to_up()
     try:
         from rftflow.flows.prefect_api import booting_prefect_api
 
         loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
         name = f"campaign {loaded.name}"
+        if loaded.mode in ("both", "async", "train") and loaded.trainer.processes != launched:
+            from rftflow.components.train.trainer import launch_mismatch
+
+            _fail(launch_mismatch(loaded.trainer.processes, launched))
         with booting_prefect_api() as prefect_api_ready:  # the server boots while the preflight checks the rest
             checked = _preflight(loaded, run_dir, [], restart)  # the flow passes it too; here it fails first
             from rftflow.flows.campaign import rft_campaign, summary_line
@@ -160,6 +168,29 @@ def run(
     if summary.get("promotion"):
         Console().print(f"promotion: {summary['promotion']}", highlight=False, soft_wrap=True)
     Console().print(f"summary: {Path(summary['run_dir']) / 'summary.json'}")
+
+
+def _follow(config: Path | None, overrides: list[str], launched: int) -> None:
+    """A trainer process of rank > 0: step with rank 0's trainer until the campaign ends; rank 0
+    reports everything else (a bad config, the campaign's end). Ctrl-C reaches rank 0, which
+    stops at a safe point and then releases this process."""
+    from rftflow.components.config import ConfigError, load_config
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    except ConfigError:
+        sys.exit(EXIT_REFUSED)  # rank 0 says why
+    if cfg.trainer.processes != launched:
+        sys.exit(EXIT_REFUSED)
+    import torch.distributed as dist
+
+    from rftflow.components.campaign.stages import follow_trainer
+
+    try:
+        follow_trainer(cfg)
+    except dist.DistBackendError as e:  # rank 0 is gone (killed, or failed in an update)
+        _fail(f"trainer process {os.environ.get('RANK')}: rank 0 is gone ({str(e).splitlines()[0]})", code=1)
 
 
 @app.command()

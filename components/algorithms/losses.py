@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rftflow.components.algorithms.aggregation import aggregate
+from rftflow.components.algorithms.aggregation import aggregate, batch_mean
 from rftflow.components.algorithms.registry import register_loss
 
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
@@ -100,7 +100,7 @@ def dpo_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Ten
     chosen, rejected = rho[0::2], rho[1::2]  # (B/2,), (B/2,)
     z = beta * (chosen - rejected)  # (B/2,)
     losses = -(1.0 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)  # (B/2,)
-    loss = losses.mean() if losses.numel() else logprobs.sum() * 0.0
+    loss = batch_mean(losses)  # 0 (still on the graph) without pairs
     metrics = {
         "update/dpo_reward_accuracy": float((z > 0).float().mean()) if z.numel() else 0.0,
         "update/dpo_margin": float(z.detach().mean() / beta) if z.numel() else 0.0,

@@ -420,6 +420,8 @@ class CampaignRun:
         """Record how this attempt ended (finished | failed | interrupted) in the MLflow run's status
         (FINISHED | FAILED | KILLED) and in the state (unless the store is the thing that is down:
         the state then says running, with this process gone, which a new attempt resumes)."""
+        if self.campaign.trainer is not None:
+            self.campaign.trainer.release()  # its other processes, if any, end too
         self.tracker.finish({"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}[outcome])
         if store_reachable:
             self._end_state(outcome, error)

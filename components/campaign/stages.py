@@ -61,6 +61,23 @@ log = logging.getLogger("rftflow")
 POLL_MAX_SECONDS = 0.5  # the longest pause between two looks at the store while waiting for the other process
 
 
+def make_trainer(cfg: CampaignConfig, algorithm, policy, pad_id: int, *, leads: bool = False) -> Trainer:
+    """The campaign's trainer of ``policy`` (``leads``: rank 0 of several, which announces each
+    update to the others)."""
+    return Trainer(policy, pad_id, cfg.trainer, algorithm, temperature=cfg.explorer.temperature,
+                   credit=cfg.workflow.credit, gamma=cfg.workflow.gamma, lora=cfg.model.lora, leads=leads)
+
+
+def follow_trainer(cfg: CampaignConfig) -> None:
+    """A trainer process of rank > 0 (``accelerate launch``): the campaign's model and trainer,
+    stepping with rank 0's until the campaign ends (``Trainer.follow``). Nothing is written."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    policy, tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download, dtype=cfg.model.dtype)
+    make_trainer(cfg, cfg.algorithm.resolve(), policy, tokenizer.pad_token_id).follow()
+
+
 class StopRequested(Exception):
     """The campaign was asked to stop (a signal, a cancel in Prefect) and stopped at a safe point;
     the message says where."""
@@ -116,9 +133,7 @@ class Campaign:
         self.trainer: Trainer | None = None
         self.sampler: Sampler | None = None
         if self.has_trainer:
-            self.trainer = Trainer(policy, self.tokenizer.pad_token_id, cfg.trainer, self.algorithm,
-                                   temperature=cfg.explorer.temperature, credit=cfg.workflow.credit,
-                                   gamma=cfg.workflow.gamma, lora=cfg.model.lora)
+            self.trainer = make_trainer(cfg, self.algorithm, policy, self.tokenizer.pad_token_id, leads=True)
             self.sampler = Sampler(self.store, cfg.buffer, self.algorithm,
                                    micro_batch_size=cfg.trainer.micro_batch_size, epochs=cfg.trainer.epochs,
                                    round_rows=cfg.explorer.tasks_per_round * cfg.explorer.repeat_times,
@@ -578,6 +593,7 @@ class Campaign:
         written. Returns its round."""
         self.weight_store.read_checkpoint(version, into)
         load_trainer(self.trainer, into)
+        self.trainer.share_state()  # the trainer's other processes, if any, take it from here
         resume = json.loads((into / "campaign.json").read_text())
         self.policy_version = resume["weight_version"]
         self.weights.publish(self.policy_version)  # checkpoints follow a sync: the explorer had these weights

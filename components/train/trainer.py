@@ -3,22 +3,35 @@
 The batch arrives mixed and ordered (``buffer.sampling.TrainBatch``: rows once each, then the
 micro-batches to step through); the trainer computes advantages over the rows and takes one
 optimizer step per micro-batch. Token layout: ``train.batching``.
+
+Several processes (``accelerate launch --num_processes P``, DDP: gloo on CPU, NCCL on GPUs) split
+each micro-batch: process k takes the k-th contiguous 1/P of its rows (whole pairs for a pairwise
+loss; all of them when there are fewer rows than processes) and the losses are aggregated as
+shares of the whole micro-batch (``algorithms.aggregation.shared_batch``), so the averaged
+gradient, and the update, are those of one process with the whole batch. Only rank 0 runs the
+campaign (store, state, checkpoints, MLflow, weights); it announces each update to the others
+(``Trainer.follow``), which hold the same model and optimizer and step with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from accelerate import Accelerator
+from accelerate.utils import DistributedType, InitProcessGroupKwargs
 from transformers import PreTrainedModel
 
 from rftflow.components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, get_loss, kl_penalty, regularized
+from rftflow.components.algorithms.aggregation import shared_batch, shared_processes
 from rftflow.components.algorithms.advantages import discounted_turn_advantages, turn_returns
 from rftflow.components.config import TrainerConfig
 from rftflow.components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, packs, padded_mask,
@@ -28,6 +41,13 @@ from rftflow.components.train.critic import Critic
 from rftflow.components.train.optim import adamw, cosine
 
 Row = Mapping[str, Any]
+# How long a trainer process beside rank 0 waits for its next update: rank 0 explores, evaluates and
+# checkpoints in between (a collective's default limit, 30 min, would end a long round)
+PROCESS_WAIT = timedelta(hours=24)
+
+
+class ProcessCountError(ValueError):
+    """The trainer runs in another number of processes than ``trainer.processes`` says (one line)."""
 
 
 class Trainer:
@@ -35,10 +55,25 @@ class Trainer:
     needs them, a frozen reference model and a critic, both made when the RL rounds start)."""
 
     def __init__(self, model: PreTrainedModel, pad_id: int, trainer: TrainerConfig, algorithm: Algorithm,
-                 *, temperature: float = 1.0, credit: str = "final", gamma: float = 1.0, lora=None):
+                 *, temperature: float = 1.0, credit: str = "final", gamma: float = 1.0, lora=None,
+                 leads: bool = False):
         self.cfg, self.algorithm, self.temperature, self.pad_id = trainer, algorithm, temperature, pad_id
         self.credit, self.gamma = credit, gamma  # episodes' rewards → advantages (workflow.credit)
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(),
+                                       kwargs_handlers=[InitProcessGroupKwargs(timeout=PROCESS_WAIT)])
+        self.processes, self.rank = self.accelerator.num_processes, self.accelerator.process_index
+        # rank 0 of a campaign announces each update to the other processes (``follow``); without it
+        # every process calls the same methods with the same arguments itself
+        self.leads = leads and self.processes > 1 and self.rank == 0
+        self.busy = False  # rank 0: an announced update is under way
+        if self.processes != trainer.processes:
+            raise ProcessCountError(launch_mismatch(trainer.processes, self.processes))
+        if self.accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU,
+                                                     DistributedType.MULTI_GPU):
+            # rank 0 alone checkpoints, publishes and checks weights: with FSDP each of those would
+            # first have to gather the shards on every process
+            raise ProcessCountError(f"accelerate's {self.accelerator.distributed_type.value} is not supported: "
+                                    "launch with infra/accelerate/ddp.yaml (data-parallel processes)")
         self.lora = lora is not None
         if self.lora:  # the base frozen, an adapter on top (PEFT); the optimizer holds the adapter's state only
             model = adapters.wrap(model, lora)
@@ -96,7 +131,7 @@ class Trainer:
         if self.ref_model is not None:
             return response_logprobs(self.ref_model, batch, self.temperature)
         with self.unwrapped.disable_adapter():
-            return response_logprobs(self.model, batch, self.temperature)
+            return response_logprobs(self.unwrapped, batch, self.temperature)
 
     def _advantages(self, rows: Sequence[Row]) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
         """Advantages of all ``rows`` — (N,) outcome-level, or (N, R_max) token-level with a critic —
@@ -177,7 +212,7 @@ class Trainer:
     def logprobs_of(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> torch.Tensor:
         """log π(response token | context) at the sampling temperature, per response token (R,)."""
         row = {"prompt_ids": list(prompt_ids), "response_ids": list(response_ids)}
-        return response_logprobs(self.model, self._batch([row]), self.temperature)[0].cpu()
+        return response_logprobs(self.unwrapped, self._batch([row]), self.temperature)[0].cpu()
 
     def _step(self, rows: Sequence[Row], batch: Mapping[str, torch.Tensor], advantages: torch.Tensor, loss_fn,
               options: dict) -> dict[str, float]:
@@ -204,7 +239,24 @@ class Trainer:
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.steps += 1
-        return {**metrics, "loss/total": float(loss.detach()), "train/grad_norm": float(grad_norm)}
+        total = loss.detach().float().cpu()
+        if shared_processes():  # this process's loss is its share × P: the whole micro-batch's is their mean
+            dist.all_reduce(total)
+            total /= self.processes
+        return {**metrics, "loss/total": float(total), "train/grad_norm": float(grad_norm)}
+
+    def _share(self, idx: Sequence[int]):
+        """This process's rows of a micro-batch (indices) and the aggregation context to step in:
+        its contiguous 1/P (in whole pairs for a pairwise loss) under ``shared_batch``, or — alone,
+        or with fewer rows (pairs) than processes — all of them (each process then computes the
+        same gradient, and their mean is it)."""
+        idx = list(idx)
+        unit = 2 if self.algorithm.pairwise else 1
+        units = len(idx) // unit
+        if self.processes == 1 or units < self.processes:
+            return idx, contextlib.nullcontext()
+        bounds = [unit * (units * k // self.processes) for k in range(self.processes)] + [len(idx)]
+        return idx[bounds[self.rank]:bounds[self.rank + 1]], shared_batch(self.processes)
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -225,25 +277,30 @@ class Trainer:
         rows = list(rows)
         if not rows or not steps:
             return {"train/steps": 0.0}
+        steps = [list(idx) for idx in steps]
+        self._announce("train", rows, steps, self.optimizer.param_groups[0]["lr"])
         self.prepare_rl_models()
         options = self.algorithm.loss_options()
         advantages, critic_targets, metrics_extra = self._advantages(rows)
         start, sums, tokens = time.perf_counter(), defaultdict(float), 0
         for idx in steps:
-            idx = list(idx)
+            idx, shared = self._share(idx)
             chunk = [rows[i] for i in idx]
             batch = self._batch(chunk)
-            step_metrics = self._step(chunk, batch, advantages[idx], self.algorithm.loss_fn, options)
-            if self.critic is not None:
-                width = batch["mask"].shape[1]
-                targets = {k: v[idx, :width].to(self.accelerator.device) for k, v in critic_targets.items()}
-                step_metrics |= self.critic.update(batch, targets["old_values"], targets["returns"], self.algorithm.agg)
+            with shared:
+                step_metrics = self._step(chunk, batch, advantages[idx], self.algorithm.loss_fn, options)
+                if self.critic is not None:
+                    width = batch["mask"].shape[1]
+                    targets = {k: v[idx, :width].to(self.accelerator.device) for k, v in critic_targets.items()}
+                    step_metrics |= self.critic.update(batch, targets["old_values"], targets["returns"],
+                                                       self.algorithm.agg)
             for k, v in step_metrics.items():
                 sums[k] += v
             tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in chunk)
         metrics = {**{k: v / len(steps) for k, v in sums.items()}, **metrics_extra}
         metrics["train/steps"] = float(len(steps))
         metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
+        self.busy = False
         return metrics
 
     def warm_start(self, steps: Sequence[Sequence[Row]], peak_lr: float | None = None,
@@ -253,6 +310,8 @@ class Trainer:
         Learning rate: linear ramp to ``peak_lr`` over the first 5% of steps, then cosine decay to
         ``trainer.lr``, the rate the RL rounds continue with.
         """
+        steps = [list(chunk) for chunk in steps]
+        self._announce("warm_start", steps, peak_lr)
         n = len(steps)
         peak, final = peak_lr or self.cfg.lr, self.cfg.lr
         ramp = max(1, n // 20)
@@ -263,8 +322,79 @@ class Trainer:
                 self.set_lr(peak * (step + 1) / ramp)
             else:
                 self.set_lr(cosine(peak, final, (step - ramp) / max(1, n - ramp)))
-            last = self._step(chunk, self._batch(chunk), torch.zeros(len(chunk)), sft, {"agg": "token-mean"})
+            idx, shared = self._share(range(len(chunk)))
+            mine = [chunk[i] for i in idx]
+            with shared:
+                last = self._step(mine, self._batch(mine), torch.zeros(len(mine)), sft, {"agg": "token-mean"})
             if progress is not None:
                 progress(step + 1, last)
         self.set_lr(final)
+        self.busy = False
         return last
+
+    # several processes ----------------------------------------------------------------------
+    def _announce(self, command: str, *args: Any) -> None:
+        """Rank 0 of several: send the others (``follow``) the next command and its arguments."""
+        if self.leads:
+            dist.broadcast_object_list([(command, args)], src=0)
+            self.busy = command != "stop"  # until the command's last collective (``_done``)
+
+    def share_state(self) -> None:
+        """Rank 0, after restoring a checkpoint: give the others its model, optimizer, step count,
+        learning rate (and reference and critic), so all step from the same state."""
+        if not self.leads:
+            return
+        critic = None
+        if self.critic is not None:
+            critic = (self.accelerator.unwrap_model(self.critic.model).state_dict(), self.critic.optimizer.state_dict())
+        self._announce("state", {
+            "model": self.unwrapped.state_dict(), "optimizer": self.optimizer.state_dict(), "steps": self.steps,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "reference": self.ref_model.state_dict() if self.ref_model is not None else None, "critic": critic})
+        self.busy = False
+
+    def _take_state(self, state: Mapping[str, Any]) -> None:
+        self.unwrapped.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = state["steps"]
+        self.set_lr(state["lr"])
+        if state["reference"] is not None or state["critic"] is not None:
+            self.prepare_rl_models()
+        if state["reference"] is not None:
+            self.ref_model.load_state_dict(state["reference"])
+        if state["critic"] is not None:
+            self.accelerator.unwrap_model(self.critic.model).load_state_dict(state["critic"][0])
+            self.critic.optimizer.load_state_dict(state["critic"][1])
+
+    def _follow_train(self, rows: Sequence[Row], steps: Sequence[Sequence[int]], lr: float) -> None:
+        self.set_lr(lr)
+        self.train(rows, steps)
+
+    def release(self) -> None:
+        """Rank 0: the campaign is over (or stopping); the other processes return from ``follow``.
+        Not while an update failed half-way (its collectives unfinished): the others then fail
+        when this process is gone."""
+        if self.leads and not self.busy:
+            self._announce("stop")
+            self.leads = False
+
+    def follow(self) -> None:
+        """Ranks > 0: do what rank 0 announces — a round's update, the warm start, its restored
+        state — step for step with it, until it says stop."""
+        handlers = {"train": self._follow_train, "warm_start": self.warm_start, "state": self._take_state}
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0)
+            command, args = box[0]
+            if command == "stop":
+                return
+            handlers[command](*args)
+
+
+def launch_mismatch(configured: int, launched: int) -> str:
+    """The one line for a trainer launched in another number of processes than configured."""
+    how = ("accelerate launch --multi_gpu --num_processes "
+           f"{configured} -m rftflow run …" if configured > 1 else "rftflow run … (no accelerate launch)")
+    return (f"trainer.processes is {configured} but the trainer was launched in {launched} process"
+            f"{'es' if launched != 1 else ''}: start it with `{how}`, or set trainer.processes={launched} "
+            "(a campaign resumes only with the number it started with)")

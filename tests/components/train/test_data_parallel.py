@@ -1,0 +1,47 @@
+"""A trainer in 2 processes (``accelerate launch``, DDP over gloo, one thread each) makes the update
+one process makes with the same batch: GRPO (with an SFT warm start), MIX, PPO (critic and KL)
+and DPO, each in another loss aggregation, in float64 so that what is compared is the arithmetic
+of the split, not float32 rounding."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[2]
+
+
+def _launch(out: Path, processes: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    script = [str(HERE / "data_parallel_steps.py"), str(out)]
+    if processes == 1:
+        command = [sys.executable, *script]
+    else:
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                   str(ROOT / "infra" / "accelerate" / "ddp.yaml"), "--num_processes", str(processes), *script]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def parameters(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data-parallel")
+    _launch(out / "one.pt", 1)
+    _launch(out / "two.pt", 2)
+    return torch.load(out / "one.pt"), torch.load(out / "two.pt")
+
+
+def test_two_processes_make_the_one_process_update(parameters, tiny):
+    one, two = parameters
+    initial = {name: p.detach().double() for name, p in tiny[0].named_parameters()}
+    assert one["processes"] == 1 and two["processes"] == 2
+    for case in ("grpo", "mix", "ppo", "dpo"):
+        moved = max(float((one[case][k] - initial[k]).abs().max()) for k in initial)
+        assert moved > 1e-3, f"{case}: the updates did not move the parameters"
+        differs = max(float((one[case][k] - two[case][k]).abs().max()) for k in one[case])
+        assert differs < 1e-9, f"{case}: 2 processes differ from 1 by {differs:.2e}"
+    assert any(k.startswith("critic.") for k in two["ppo"])  # the critic's parameters are compared too

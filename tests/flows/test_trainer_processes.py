@@ -1,0 +1,97 @@
+"""A campaign whose trainer runs in 2 processes (``accelerate launch``, DDP over gloo, one thread
+each): it runs to its end with rank 0 alone writing, resumes after rank 0 is SIGKILLed to the
+weights of a run never killed, and refuses in one line a resume in another number of processes."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow import MlflowClient
+from safetensors.torch import load_file
+
+from tests.conftest import SMALL
+
+ROOT = Path(__file__).resolve().parents[2]
+CAMPAIGN = (*SMALL, "rounds=5", "checkpoint.every=1", "trainer.processes=2", "orchestration.task_runs=stage")
+
+
+def command(run_dir: Path, processes: int = 2, *extra: str) -> list[str]:
+    run = ["-m", "rftflow", "run", "--run-dir", str(run_dir), "--no-progress",
+           *[a for s in (*CAMPAIGN, *extra) for a in ("--set", s)]]
+    if processes == 1:
+        return [sys.executable, *run]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+            str(ROOT / "infra" / "accelerate" / "ddp.yaml"), "--num_processes", str(processes), *run]
+
+
+@pytest.fixture(scope="module")
+def env(cli_env):
+    return {**cli_env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def finish(run_dir: Path, env: dict) -> str:
+    done = subprocess.run(command(run_dir), env=env, cwd=run_dir.parent, capture_output=True, text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "Traceback" not in out, out[-3000:]
+    return out
+
+
+def final_weights(run_dir: Path) -> dict:
+    newest = sorted((run_dir / "store" / "arith-mix" / "checkpoints").glob("v*"))[-1]
+    return load_file(newest / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(env, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("whole") / "run"
+    out = finish(run_dir, env)
+    assert "rounds" in out and "mlflow_run_id" in out
+    return run_dir
+
+
+def test_a_two_process_campaign_runs_to_its_end_with_one_writer(uninterrupted):
+    summary = json.loads((uninterrupted / "summary.json").read_text())
+    client = MlflowClient(summary["mlflow_tracking_uri"])
+    runs = client.search_runs([client.get_experiment_by_name("rftflow").experiment_id])
+    assert [r.info.run_id for r in runs] == [summary["mlflow_run_id"]] and runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["trainer.processes"] == "2"
+    steps = sorted(m.step for m in client.get_metric_history(summary["mlflow_run_id"], "loss/total"))
+    assert steps == [1, 2, 3, 4, 5]  # each round's update logged once, by rank 0
+
+
+def test_a_sigkilled_two_process_campaign_resumes_to_the_weights_of_one_never_killed(uninterrupted, env, tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(command(run_dir), env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    checkpoints = run_dir / "store" / "arith-mix" / "checkpoints"
+    lines = []
+    for line in launcher.stdout:  # SIGKILL rank 0 in round 3, after the checkpoint of round 2
+        lines.append(line)
+        if "Task run 'explore[r=3]' - Finished" in line:
+            break
+    else:
+        raise AssertionError("the campaign ended before round 3: " + "".join(lines[-30:]))
+    assert len(list(checkpoints.glob("v*"))) >= 3
+    workers = [p for p in psutil.Process(launcher.pid).children() if p.environ().get("RANK") is not None]
+    assert sorted(p.environ()["RANK"] for p in workers) == ["0", "1"]
+    rank0 = next(p for p in workers if p.environ()["RANK"] == "0")
+    rank0.kill()
+    launcher.stdout.read()
+    assert launcher.wait(timeout=120) != 0  # the launcher ends the other process and fails
+    time.sleep(1)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+
+    refused = subprocess.run(command(run_dir, 1), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2
+    line = (refused.stdout + refused.stderr).strip()
+    assert len(line.splitlines()) == 1 and "trainer.processes is 2" in line and "1 process" in line, line
+
+    out = finish(run_dir, env)
+    assert "resumed_from_round" in out
+    resumed, whole = final_weights(run_dir), final_weights(uninterrupted)
+    assert resumed.keys() == whole.keys()
+    assert all((resumed[k] == whole[k]).all() for k in whole)
