@@ -3,11 +3,14 @@ process work pool served by a real ``prefect worker start``, and a real ``mlflow
 ``rft-campaign`` deployment runs a small campaign through the worker; read back through the
 Prefect client: every round's stage task runs completed and the UI artifacts exist; from the MLflow
 server: the run, its metrics and the registered version (promoted after the campaign). The
-``evaluate`` deployment then benchmarks ``@champion``, and a bad override fails at the gate."""
+``evaluate`` deployment then benchmarks ``@champion``, and a bad override fails at the gate. The
+``arith-mix-trainer`` deployment (2 trainer processes under ``accelerate launch``) and two runs of
+``arith-mix-explorer`` (one shard each) run one campaign through the same worker."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,6 +38,8 @@ def servers(cli_env, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("deployments")
     env = {**cli_env, "PREFECT_HOME": str(work / "prefect"), "RFTFLOW_HOME": str(ROOT),
+           # the trainer deployment's command (`accelerate launch`) as an activated virtualenv finds it
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cli_env.get('PATH', '')}",
            "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
     worker = None
     try:
@@ -62,20 +67,29 @@ def servers(cli_env, tmp_path_factory):
 
 def run_deployment(servers: dict, name: str, parameters: dict, timeout: float = 420):
     """Start a run of deployment ``name`` (for the worker to pick up); its final flow run."""
+    (run,) = run_deployments(servers, [(name, parameters)], timeout)
+    return run
+
+
+def run_deployments(servers: dict, runs: list[tuple[str, dict]], timeout: float = 420) -> list:
+    """Start a run of each (deployment name, parameters) at once; their final flow runs, in order."""
     from prefect import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: servers["prefect"]}), get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name(name)
-        run = client.create_flow_run_from_deployment(deployment.id, parameters={**deployment.parameters,
-                                                                                  **parameters})
+        started = []
+        for name, parameters in runs:
+            deployment = client.read_deployment_by_name(name)
+            started.append(client.create_flow_run_from_deployment(deployment.id, parameters={
+                **deployment.parameters, **parameters}))
         deadline = time.time() + timeout
         while time.time() < deadline:
-            run = client.read_flow_run(run.id)
-            if run.state is not None and run.state.is_final():
-                return run
+            ended = [client.read_flow_run(run.id) for run in started]
+            if all(run.state is not None and run.state.is_final() for run in ended):
+                return ended
             time.sleep(1)
-    raise AssertionError(f"{name} did not finish in {timeout} s; worker: {servers['worker_log'].read_text()[-3000:]}")
+    raise AssertionError(f"{[n for n, _ in runs]} did not finish in {timeout} s; worker: "
+                         f"{servers['worker_log'].read_text()[-3000:]}")
 
 
 SMALL_CAMPAIGN = ["rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2",
@@ -154,3 +168,27 @@ def test_a_deployment_run_with_a_bad_override_fails_at_the_gate_in_one_line(serv
     assert run.state.message == ("--set trainer.lr=-1: config key 'trainer.lr': Input should be greater than 0 "
                                  "(got -1)")  # the CLI's line, naming the override that set it
     assert not run_dir.exists()
+
+
+def test_a_two_process_trainer_and_two_explorers_run_one_campaign_as_deployments_through_the_worker(servers):
+    from rftflow.components.buffer.experiences import ExperienceStore
+    from rftflow.components.buffer.store import open_store
+    import pyarrow.compute as pc
+
+    work, store = servers["work"] / "sharded", (servers["work"] / "sharded" / "store").as_uri()
+    shared = ["name=sharded", "sync.method=checkpoint", "threads=1", "explorer.shards=2", "trainer.processes=2",
+              f"storage.url={store}", "sync.timeout_seconds=300", *SMALL_CAMPAIGN]
+    runs = run_deployments(servers, [
+        ("rft_campaign/arith-mix-trainer", {"run_dir": str(work / "trainer"), "overrides": [*shared, "mode=train"]}),
+        *(("rft_campaign/arith-mix-explorer", {"run_dir": str(work / f"explorer-{k}"),
+                                               "overrides": [*shared, "mode=explore"]}) for k in (1, 2))])
+    for run in runs:
+        assert run.state.type.value == "COMPLETED", (run.name, run.state.message,
+                                                     servers["worker_log"].read_text()[-3000:])
+    summary = json.loads((work / "trainer" / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["prefect_flow_run_id"] == str(runs[0].id)
+    usual = ExperienceStore(open_store(store), "sharded", shards=2).read_kind("usual")
+    assert pc.count_distinct(usual.column("experience_id")).as_py() == usual.num_rows == 2 * 4 * 4
+    rounds = usual.group_by("round").aggregate([("group_id", "count_distinct")]).to_pylist()
+    assert sorted((r["round"], r["group_id_count_distinct"]) for r in rounds) == [(1, 4), (2, 4)]
+    assert "trainer.processes is" not in servers["worker_log"].read_text()
