@@ -14,8 +14,17 @@
    committed (start-up and the first round excluded), over rounds 2 … ``--rounds``; run 1, 2, 2,
    1 processes, the mean of each.
 
+``--train`` measures the trainer in 1 and 2 data-parallel processes (``accelerate launch``,
+DDP over gloo, one thread each) on the same rounds: ``--rows`` rows of ``--tokens`` response
+tokens a round in micro-batches of ``--micro``, one warm-up round, then ``--train-rounds`` timed
+rounds; run 1, 2, 2, 1 processes, the mean of each. Beside each figure, the capacity model's
+prediction (docs/capacity.md): a step of P processes takes C_P/P + A(P), C_P a one-process step
+while P independent trainers compute at once (measured after each 2-process run) and A(P) an
+all-reduce of the gradients among P processes (timed in the P-process run before it trains).
+
     python benchmarks/scale.py --rollout
     python benchmarks/scale.py --rollout --model /path/to/hf-model-dir --tokens 64
+    python benchmarks/scale.py --train
 """
 
 from __future__ import annotations
@@ -108,6 +117,110 @@ def explorer_samples_per_second(processes: int, args, work: Path) -> float:
     return rows / (done - started)
 
 
+def train_worker(args) -> None:
+    """In each process of an ``accelerate launch`` (or alone): the trainer on ``--train-rounds``
+    timed rounds after a warm-up one; rank 0 writes {step_seconds, allreduce_seconds, rows}."""
+    import json
+    import random
+
+    import torch
+    import torch.distributed as dist
+
+    from rftflow.components.algorithms import resolve
+    from rftflow.components.config import TrainerConfig
+    from rftflow.components.explore.models import load_model
+    from rftflow.components.train.trainer import Trainer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, tokenizer = load_model(args.model)
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    trainer = Trainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-5, micro_batch_size=args.micro,
+                                                                   processes=processes), resolve("grpo"))
+    rng = random.Random(0)
+    vocab = model.config.vocab_size
+    rows = [{"prompt_ids": [rng.randrange(3, vocab) for _ in range(16)],
+             "response_ids": [rng.randrange(3, vocab) for _ in range(args.tokens)], "source": "explorer",
+             "group_id": f"g{i // 8}", "reward": float(rng.random() < 0.5),
+             "response_logprobs": [-3.0] * args.tokens} for i in range(args.rows)]
+    steps = [list(range(s, min(s + args.micro, args.rows))) for s in range(0, args.rows, args.micro)]
+    allreduce = 0.0
+    if processes > 1:  # the gradients' all-reduce alone: A(P) of the capacity model
+        flat = torch.zeros(sum(p.numel() for p in trainer.unwrapped.parameters() if p.requires_grad))
+        times = []
+        for _ in range(5):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(flat)
+            times.append(time.perf_counter() - start)
+        allreduce = statistics.median(times)
+    trainer.train(rows, steps)  # warm-up
+    start = time.perf_counter()
+    for _ in range(args.train_rounds):
+        trainer.train(rows, steps)
+    seconds = (time.perf_counter() - start) / (args.train_rounds * len(steps))
+    if trainer.rank == 0:
+        Path(args.out).write_text(json.dumps({"step_seconds": seconds, "allreduce_seconds": allreduce,
+                                              "rows_per_step": args.rows / len(steps)}))
+
+
+def trainer_run(processes: int, args, work: Path, *, apart: bool = False) -> list[dict]:
+    """A ``train_worker`` run in ``processes`` data-parallel processes (rank 0's figures), or with
+    ``apart`` as many independent one-process trainers at once, each on its share (1/``processes``)
+    of every micro-batch (each one's figures)."""
+    import json
+
+    outs = [work / f"train-{processes}-{k}-{time.monotonic_ns()}.json" for k in range(processes if apart else 1)]
+
+    def worker(out: Path) -> list[str]:
+        return [str(Path(__file__).resolve()), "--train-worker", "--out", str(out), "--model", args.model,
+                "--rows", str(args.rows), "--micro", str(args.micro // processes if apart else args.micro),
+                "--tokens", str(args.tokens), "--train-rounds", str(args.train_rounds)]
+
+    if apart or processes == 1:
+        launches = [[sys.executable, *worker(out)] for out in outs]
+    else:
+        launches = [[sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                     str(ROOT / "infra" / "accelerate" / "ddp.yaml"), "--num_processes", str(processes),
+                     *worker(outs[0])]]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")} | {"OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(launch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for launch in launches]
+    if any(p.wait() != 0 for p in procs):
+        raise RuntimeError("a trainer run failed")
+    return [json.loads(out.read_text()) for out in outs]
+
+
+def trainer_scaling(args, work: Path) -> list[tuple[str, int, float, float]]:
+    """(kind, processes, measured samples/s, predicted samples/s) of the trainer in 1 and 2 processes.
+
+    The capacity model: a data-parallel step of P processes takes S_P + A(P), where S_P is a
+    one-process step on 1/P of the micro-batch while P such trainers run at once (its share of the
+    rows, the whole optimizer step, and what the cores, caches and memory give each: measured with
+    P independent trainers) and A(P) the gradients' all-reduce."""
+    runs: dict[int, list[dict]] = {1: [], 2: []}
+    apart: list[dict] = []
+    for processes in (1, 2, 2, 1):  # ABBA, as for the explorers
+        runs[processes] += trainer_run(processes, args, work)
+        figures = runs[processes][-1]
+        print(f"{processes} trainer process(es): {figures['rows_per_step'] / figures['step_seconds']:.1f} samples/s "
+              f"(all-reduce of the gradients {figures['allreduce_seconds'] * 1e3:.1f} ms)", flush=True)
+        if processes == 2:
+            apart += trainer_run(2, args, work, apart=True)
+            print(f"2 independent trainers at once, micro-batches of {args.micro // 2}: "
+                  f"{statistics.mean(f['step_seconds'] for f in apart[-2:]) * 1e3:.0f} ms a step each", flush=True)
+    rows_per_step = runs[1][0]["rows_per_step"]
+    compute = {1: statistics.mean(r["step_seconds"] for r in runs[1]),
+               2: statistics.mean(r["step_seconds"] for r in apart)}
+    out = []
+    for processes, measured in runs.items():
+        step = statistics.mean(r["step_seconds"] for r in measured)
+        allreduce = statistics.mean(r["allreduce_seconds"] for r in measured)
+        out.append(("trainer processes", processes, rows_per_step / step, rows_per_step / (compute[processes] + allreduce)))
+    print(f"capacity model: S_1 {compute[1] * 1e3:.0f} ms, S_2 {compute[2] * 1e3:.0f} ms a step", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollout", action="store_true", help="rollout samples/s with 1 and 2 servers and explorers")
@@ -118,9 +231,30 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="server pool: timed calls of each")
     parser.add_argument("--rounds", type=int, default=12, help="explorers: rounds")
     parser.add_argument("--tasks", type=int, default=128, help="explorers: tasks per round (8 responses each)")
+    parser.add_argument("--train", action="store_true", help="trainer samples/s with 1 and 2 processes")
+    parser.add_argument("--rows", type=int, default=256, help="trainer: rows a round")
+    parser.add_argument("--micro", type=int, default=64, help="trainer: rows a micro-batch (an optimizer step)")
+    parser.add_argument("--train-rounds", type=int, default=3, help="trainer: timed rounds")
+    parser.add_argument("--train-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not args.rollout:
-        parser.error("say what to measure: --rollout")
+    if args.train_worker:
+        train_worker(args)
+        return
+    if not (args.rollout or args.train):
+        parser.error("say what to measure: --rollout, --train")
+    if args.train:
+        with tempfile.TemporaryDirectory() as work:
+            rows = trainer_scaling(args, Path(work))
+        print(f"\ntrainer samples/s, {args.model}, {args.rows} rows of {args.tokens} response tokens a round in "
+              f"micro-batches of {args.micro}, one thread per process, {os.cpu_count()} cores\n")
+        print("| trainer | processes | samples/s | × one | capacity model | measured / model |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        one = rows[0][2]
+        for kind, count, rate, predicted in rows:
+            print(f"| {kind} | {count} | {rate:.1f} | {rate / one:.2f} | {predicted:.1f} | {rate / predicted:.2f} |")
+        if not args.rollout:
+            return
     from rftflow.infra.vllm_server import VLLM_VENV, vllm_available
 
     rows = []
