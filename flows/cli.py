@@ -172,11 +172,13 @@ def run(
 
 def _follow(config: Path | None, overrides: list[str], launched: int) -> None:
     """A trainer process of rank > 0: step with rank 0's trainer until the campaign ends; rank 0
-    reports everything else (a bad config, the campaign's end). Ctrl-C reaches rank 0, which
-    stops at a safe point and then releases this process."""
+    reports everything else (a bad config, the campaign's end). A Ctrl-C, or the launcher passing
+    on a SIGTERM, is rank 0's to act on: it stops at a safe point and then releases this process
+    (were this one to leave first, rank 0's update would fail half-way)."""
     from rftflow.components.config import ConfigError, load_config
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         cfg = load_config(config or DEFAULT_CONFIG, overrides)
     except ConfigError:

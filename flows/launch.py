@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 
 
 def main() -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
         return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 stops (a cancel, a signal) and then releases this one
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from prefect import get_client
 
     from rftflow.components.campaign.stages import follow_trainer

@@ -337,7 +337,7 @@ class Trainer:
         """Rank 0 of several: send the others (``follow``) the next command and its arguments."""
         if self.leads:
             dist.broadcast_object_list([(command, args)], src=0)
-            self.busy = command != "stop"  # until the command's last collective (``_done``)
+            self.busy = command != "stop"  # until this process has done its part of the command
 
     def share_state(self) -> None:
         """Rank 0, after restoring a checkpoint: give the others its model, optimizer, step count,
@@ -393,8 +393,8 @@ class Trainer:
 
 def launch_mismatch(configured: int, launched: int) -> str:
     """The one line for a trainer launched in another number of processes than configured."""
-    how = ("accelerate launch --multi_gpu --num_processes "
-           f"{configured} -m rftflow run …" if configured > 1 else "rftflow run … (no accelerate launch)")
+    how = (f"accelerate launch --config_file infra/accelerate/ddp.yaml --num_processes {configured} -m rftflow run …"
+           if configured > 1 else "rftflow run … (no accelerate launch)")
     return (f"trainer.processes is {configured} but the trainer was launched in {launched} process"
             f"{'es' if launched != 1 else ''}: start it with `{how}`, or set trainer.processes={launched} "
             "(a campaign resumes only with the number it started with)")

@@ -120,6 +120,15 @@ def _interpreter(as_other_user: bool) -> str:
     raise SandboxUnavailable("the code sandbox found no Python its user may run (set reward.code.python)")
 
 
+def _scratch_parent(as_other_user: bool) -> str | None:
+    """Where a program's folder is made: the temp dir, or — when the program runs as another user
+    who cannot reach that one (a private ``TMPDIR``: some folder above it closed to others) — /tmp."""
+    temp = Path(os.path.realpath(tempfile.gettempdir()))
+    if not as_other_user or all(p.stat().st_mode & stat.S_IXOTH for p in (temp, *temp.parents)):
+        return None
+    return "/tmp"
+
+
 def _nobody() -> tuple[int, int] | None:
     """The unprivileged user to run as when we are root; None when we are not (we already are one)."""
     if os.geteuid() != 0:
@@ -175,7 +184,7 @@ class Sandbox:
     def run(self, program: str, stdin: str = "") -> Execution:
         """Run Python source ``program`` with ``stdin``; what it did (``SandboxUnavailable`` if the
         sandbox itself failed)."""
-        root = Path(tempfile.mkdtemp(prefix="rftflow-sandbox-"))
+        root = Path(tempfile.mkdtemp(prefix="rftflow-sandbox-", dir=_scratch_parent(self.user is not None)))
         try:
             work = root / "work"
             work.mkdir()

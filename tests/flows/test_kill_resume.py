@@ -124,10 +124,10 @@ def env(cli_env, tmp_path_factory):
     return {**cli_env, "TASKS": str(tasks), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-KILL_AT = ["explore[r=1]", "train[r=1]", "buffer[r=2]", "checkpoint[r=2]", "explore[r=3]", "train[r=4]",
-           "warm_start[r=0]", "checkpoint[r=4]", "verify[r=2]", "sync[r=3]"]
+KILL_AT = ["explore[r=1]", "train[r=1]", "buffer[r=2]", "warm_start[r=0]", "checkpoint[r=2]", "verify[r=2]",
+           "sync[r=3]"]
 TRIALS = range(len(KILL_AT))
-S3_TRIALS = range(7, 10)  # three trials on the S3 test server
+S3_TRIALS = range(4, 7)  # three trials on the S3 test server
 # a LoRA campaign (checkpoints hold the adapter and its optimizer state), killed in these steps
 LORA = ["model.lora={rank: 8, alpha: 16}", "trainer.warmup_lr=1.0e-2"]
 LORA_KILL_AT = ["train[r=3]", "checkpoint[r=2]"]

@@ -78,8 +78,9 @@ def test_an_explorer_and_a_trainer_alone_and_bench_run_episodes(tmp_path, defaul
 
 
 class SlowGuess:
-    """builtin:guess_number whose steps take ``delay`` s; from the ``after``-th episode made in this
-    process on, it touches ``marker`` at each step (the test kills the process then)."""
+    """builtin:guess_number that, from the ``after``-th episode made in this process on, touches
+    ``marker`` at its first step and sleeps ``delay`` s in it (the test kills the process then, in
+    the middle of an episode); once the marker exists its steps are fast."""
 
     made = 0
 
@@ -91,9 +92,9 @@ class SlowGuess:
         step = env.step
 
         def slow_step(action):
-            if late and marker:
+            if late and marker and not Path(marker).exists():
                 Path(marker).touch()
-            time.sleep(delay)
+                time.sleep(delay)
             return step(action)
 
         env.step = slow_step
@@ -105,7 +106,7 @@ def test_a_run_killed_mid_episode_resumes_and_redoes_the_episodes_without_duplic
     marker = tmp_path / "in-round-2"
     # round 1 makes 16 episodes (4 tasks x 4); the marker appears once round 2's episodes are stepping
     overrides = [*small, *GAME, "rounds=3", "threads=1", f"workflow.environment={__name__}:SlowGuess",
-                 f"workflow.env_args={{delay: 0.2, marker: '{marker}', after: 16}}", "eval.every=3"]
+                 f"workflow.env_args={{delay: 2.0, marker: '{marker}', after: 16}}", "eval.every=3"]
     script = ("import sys; from rftflow.components.campaign.preflight import preflight; "
               "from rftflow.components.campaign.run import CampaignRun; "
               f"CampaignRun(preflight({str(default_config)!r}, {str(tmp_path / 'run')!r}, sys.argv[1:])).run()")
