@@ -346,8 +346,8 @@ class TrainerConfig(_Section):
     micro_batch_size: int = Field(128, gt=0, description="Rows per optimizer step.")
     processes: int = Field(
         1, gt=0, description="Data-parallel trainer processes: each micro-batch is split over them and the update "
-        "is the one-process update (`accelerate launch --config_file infra/accelerate/ddp.yaml --num_processes N -m "
-        "rftflow run …`; gloo on CPU, NCCL on GPUs). Rank 0 runs the campaign; a campaign resumes only with the number it started with.",
+        "is the one-process update (gloo on CPU, NCCL on GPUs). `rftflow run` launches them itself, or run it under "
+        "`accelerate launch --config_file infra/accelerate/ddp.yaml --num_processes N -m rftflow run …`. Rank 0 runs the campaign; a campaign resumes only with the number it started with.",
     )
     min_lr: float | None = Field(
         None, gt=0, description="If set, the learning rate decays over the rounds from `lr` to this by a cosine; "

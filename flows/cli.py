@@ -126,6 +126,8 @@ def run(
         loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
         name = f"campaign {loaded.name}"
         if loaded.mode in ("both", "async", "train") and loaded.trainer.processes != launched:
+            if launched == 1 and "WORLD_SIZE" not in os.environ:
+                _launch_processes(loaded.trainer.processes)  # this command again, in that many processes
             from rftflow.components.train.trainer import launch_mismatch
 
             _fail(launch_mismatch(loaded.trainer.processes, launched))
@@ -168,6 +170,33 @@ def run(
     if summary.get("promotion"):
         Console().print(f"promotion: {summary['promotion']}", highlight=False, soft_wrap=True)
     Console().print(f"summary: {Path(summary['run_dir']) / 'summary.json'}")
+
+
+def _launch_processes(processes: int) -> None:
+    """``trainer.processes`` > 1 without a launcher: run this same command in that many processes
+    through torch's elastic launcher (what ``accelerate launch`` and ``torchrun`` run), on this
+    machine; exit with rank 0's status. Ctrl-C reaches the launcher, which passes it to the
+    processes: rank 0 stops at a safe point and prints its line, and nothing else is printed."""
+    import logging
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    for name in list(logging.root.manager.loggerDict):  # the launcher's notes on a Ctrl-C ("death signal")
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=processes, run_id=uuid.uuid4().hex,
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.5)
+    try:
+        elastic_launch(config, sys.executable)("-m", "rftflow", *sys.argv[1:])
+    except SignalException:
+        sys.exit(EXIT_STOPPED)
+    except ChildFailedError as e:  # rank 0's status (a refusal, a stop, a failure: it printed why)
+        failure = e.failures.get(0) or next(iter(e.failures.values()))
+        sys.exit(failure.exitcode if failure.exitcode > 0 else EXIT_FAILED)
+    sys.exit(0)
 
 
 def _follow(config: Path | None, overrides: list[str], launched: int) -> None:

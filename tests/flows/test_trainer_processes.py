@@ -1,8 +1,11 @@
-"""A campaign whose trainer runs in 2 processes (``accelerate launch``, DDP over gloo, one thread
-each): it runs to its end with rank 0 alone writing, resumes after rank 0 is SIGKILLed to the
-weights of a run never killed, and refuses in one line a resume in another number of processes."""
+"""A campaign whose trainer runs in 2 processes (``accelerate launch``, or ``rftflow run`` launching
+them itself; DDP over gloo, one thread each): it runs to its end with rank 0 alone writing, resumes
+after rank 0 is SIGKILLed to the weights of a run never killed, refuses in one line a resume in
+another number of processes, and stops on a Ctrl-C to the terminal's process group with one line."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,10 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CAMPAIGN = (*SMALL, "rounds=5", "checkpoint.every=1", "trainer.processes=2", "orchestration.task_runs=stage")
 
 
-def command(run_dir: Path, processes: int = 2, *extra: str) -> list[str]:
+def command(run_dir: Path, *extra: str, accelerate: bool = True, processes: int = 2) -> list[str]:
+    """``rftflow run`` of the campaign under ``accelerate launch`` (``processes``), or alone (it then
+    launches its ``trainer.processes`` itself)."""
     run = ["-m", "rftflow", "run", "--run-dir", str(run_dir), "--no-progress",
            *[a for s in (*CAMPAIGN, *extra) for a in ("--set", s)]]
-    if processes == 1:
+    if not accelerate:
         return [sys.executable, *run]
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
             str(ROOT / "infra" / "accelerate" / "ddp.yaml"), "--num_processes", str(processes), *run]
@@ -33,8 +38,9 @@ def env(cli_env):
     return {**cli_env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def finish(run_dir: Path, env: dict) -> str:
-    done = subprocess.run(command(run_dir), env=env, cwd=run_dir.parent, capture_output=True, text=True, timeout=600)
+def finish(run_dir: Path, env: dict, accelerate: bool = True) -> str:
+    done = subprocess.run(command(run_dir, accelerate=accelerate), env=env, cwd=run_dir.parent, capture_output=True,
+                          text=True, timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "Traceback" not in out, out[-3000:]
     return out
@@ -85,13 +91,36 @@ def test_a_sigkilled_two_process_campaign_resumes_to_the_weights_of_one_never_ki
     time.sleep(1)
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
 
-    refused = subprocess.run(command(run_dir, 1), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    refused = subprocess.run(command(run_dir, "trainer.processes=1", accelerate=False), env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
     line = (refused.stdout + refused.stderr).strip()
-    assert len(line.splitlines()) == 1 and "trainer.processes is 2" in line and "1 process" in line, line
+    assert len(line.splitlines()) == 1 and "trainer.processes (2 → 1)" in line, line
+    launched_as_one = subprocess.run(command(run_dir, processes=1), env=env, cwd=tmp_path, capture_output=True,
+                                     text=True, timeout=300)  # (the launcher adds its own report of the exit)
+    out = launched_as_one.stdout + launched_as_one.stderr
+    assert launched_as_one.returncode != 0 and "trainer.processes is 2 but the trainer was launched in 1 process" in out
 
-    out = finish(run_dir, env)
+    out = finish(run_dir, env, accelerate=False)  # the same 2 processes, launched by rftflow itself
     assert "resumed_from_round" in out
     resumed, whole = final_weights(run_dir), final_weights(uninterrupted)
     assert resumed.keys() == whole.keys()
     assert all((resumed[k] == whole[k]).all() for k in whole)
+
+
+def test_ctrl_c_to_the_process_group_stops_both_processes_with_one_line(env, tmp_path):
+    proc = subprocess.Popen(command(tmp_path / "run", "rounds=300", accelerate=False), env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    workers, lines = [], []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Task run 'explore[r=3]' - Finished" in line:
+            workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "RANK" in p.environ()]
+            os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, rest
+    assert len(workers) == 2 and "Traceback" not in rest and "death signal" not in rest, rest
+    assert rest.strip().splitlines()[-1].startswith("stopped: campaign arith-mix stopped (SIGINT)"), rest
+    time.sleep(1)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
