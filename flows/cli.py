@@ -178,17 +178,21 @@ def _launch_processes(processes: int) -> None:
     machine; exit with rank 0's status. Ctrl-C reaches the launcher, which passes it to the
     processes: rank 0 stops at a safe point and prints its line, and nothing else is printed."""
     import logging
+    import shutil
+    import tempfile
     import uuid
 
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     for name in list(logging.root.manager.loggerDict):  # the launcher's notes on a Ctrl-C ("death signal")
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.ERROR)
+    logs = tempfile.mkdtemp(prefix="rftflow-launch-")  # the launcher's own files (else one left in /tmp a run)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=processes, run_id=uuid.uuid4().hex,
-                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.5)
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.5,
+                          logs_specs=DefaultLogsSpecs(log_dir=logs))
     try:
         elastic_launch(config, sys.executable)("-m", "rftflow", *sys.argv[1:])
     except SignalException:
@@ -196,6 +200,8 @@ def _launch_processes(processes: int) -> None:
     except ChildFailedError as e:  # rank 0's status (a refusal, a stop, a failure: it printed why)
         failure = e.failures.get(0) or next(iter(e.failures.values()))
         sys.exit(failure.exitcode if failure.exitcode > 0 else EXIT_FAILED)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
     sys.exit(0)
 
 
