@@ -42,8 +42,8 @@ SMALL = ("rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup
 
 # The longest modules first (minutes each, on 2 cores): under `-n 2 --dist loadfile` (pyproject) a
 # module runs on one worker, and one of these started last would leave the other worker idle at the end
-LONGEST_FIRST = ("flows/test_kill_resume.py", "flows/test_deployments.py", "components/test_real_model.py",
-                 "flows/test_servers.py", "components/campaign/test_workflow_modes.py")
+LONGEST_FIRST = ("flows/test_kill_resume.py", "components/train/test_learning.py", "flows/test_deployments.py",
+                 "components/test_real_model.py", "flows/test_servers.py", "flows/test_trainer_processes.py")
 
 
 def pytest_collection_modifyitems(config, items):
