@@ -98,6 +98,28 @@ class Tracker:
     read back on reopening), so a round redone after a crash leaves one value per key and round.
     """
 
+    def _experiment(self, name: str, artifact_root: Path | None, uri: str) -> str:
+        """The id of experiment ``name``, made (and tagged) if missing. Campaigns that start together on
+        a new tracking server race to make it: a loser's create or tag fails on the database's unique
+        key, and it then reads what the winner made."""
+        from mlflow.exceptions import MlflowException
+
+        kind = "custom_model_development"  # MLflow 3's UI shows an experiment of unknown kind as a GenAI one
+        found = self.client.get_experiment_by_name(name)
+        if found is not None and found.tags.get("mlflow.experimentKind") == kind:
+            return found.experiment_id
+        try:
+            if found is None:
+                # a tracking server keeps artifacts its own way
+                location = (artifact_root / name).as_uri() if artifact_root and not is_tracking_server(uri) else None
+                found = self.client.get_experiment(self.client.create_experiment(name, artifact_location=location))
+            self.client.set_experiment_tag(found.experiment_id, "mlflow.experimentKind", kind)
+        except MlflowException:
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+        return found.experiment_id
+
     def __init__(self, uri: str, experiment: str, run_name: str, *, artifact_root: Path | None = None,
                  tags: Mapping[str, str] | None = None, run_id: str | None = None):
         from mlflow import MlflowClient
@@ -119,15 +141,7 @@ class Tracker:
                 if (tags or {}).get(key):
                     self.client.set_tag(run_id, key, tags[key])
             return
-        found = self.client.get_experiment_by_name(experiment)
-        if found is not None:
-            experiment_id = found.experiment_id
-        else:
-            # a tracking server keeps artifacts its own way
-            location = (artifact_root / experiment).as_uri() if artifact_root and not is_tracking_server(uri) else None
-            experiment_id = self.client.create_experiment(experiment, artifact_location=location)
-        # MLflow 3's UI shows an experiment of unknown kind as a GenAI one (traces, evaluation runs)
-        self.client.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")
+        experiment_id = self._experiment(experiment, artifact_root, uri)
         self.experiment_id = experiment_id
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
 

@@ -206,28 +206,19 @@ def _launch_processes(processes: int) -> None:
 
 
 def _follow(config: Path | None, overrides: list[str], launched: int) -> None:
-    """A trainer process of rank > 0: step with rank 0's trainer until the campaign ends; rank 0
-    reports everything else (a bad config, the campaign's end). A Ctrl-C, or the launcher passing
-    on a SIGTERM, is rank 0's to act on: it stops at a safe point and then releases this process
-    (were this one to leave first, rank 0's update would fail half-way)."""
+    """A trainer process of rank > 0 (``rftflow.flows.launch.follow``); rank 0 reports everything
+    else (a bad config, the campaign's end)."""
     from rftflow.components.config import ConfigError, load_config
+    from rftflow.flows.launch import follow
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # while the config loads, too
     try:
         cfg = load_config(config or DEFAULT_CONFIG, overrides)
     except ConfigError:
         sys.exit(EXIT_REFUSED)  # rank 0 says why
     if cfg.trainer.processes != launched:
         sys.exit(EXIT_REFUSED)
-    import torch.distributed as dist
-
-    from rftflow.components.campaign.stages import follow_trainer
-
-    try:
-        follow_trainer(cfg)
-    except dist.DistBackendError as e:  # rank 0 is gone (killed, or failed in an update)
-        _fail(f"trainer process {os.environ.get('RANK')}: rank 0 is gone ({str(e).splitlines()[0]})", code=1)
+    follow(cfg)
 
 
 @app.command()

@@ -14,24 +14,41 @@ from __future__ import annotations
 import os
 import runpy
 import signal
+import sys
 
 
 def main() -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
         return
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 stops (a cancel, a signal) and then releases this one
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from prefect import get_client
 
-    from rftflow.components.campaign.stages import follow_trainer
     from rftflow.components.config import load_config
     from rftflow.flows.campaign import _filled
 
     with get_client(sync_client=True) as client:
         parameters = client.read_flow_run(os.environ["PREFECT__FLOW_RUN_ID"]).parameters
     # rank 0 reports a bad config in its flow run; this process then waits for nothing and ends
-    follow_trainer(load_config(parameters["config"], [_filled(o) for o in parameters.get("overrides") or []]))
+    follow(load_config(parameters["config"], [_filled(o) for o in parameters.get("overrides") or []]))
+
+
+def follow(cfg) -> None:
+    """A trainer process of rank > 0 (under ``rftflow run``, ``accelerate launch`` or this module):
+    step with rank 0's trainer until the campaign ends. A Ctrl-C, a cancel or the launcher passing
+    on a SIGTERM is rank 0's to act on: it stops at a safe point and then releases this process
+    (were this one to leave first, rank 0's update would fail half-way). Rank 0 gone: one line, exit 1."""
+    import torch.distributed as dist
+
+    from rftflow.components.campaign.stages import follow_trainer
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        follow_trainer(cfg)
+    except dist.DistBackendError as e:  # rank 0 is gone (killed, or failed in an update)
+        print(f"trainer process {os.environ.get('RANK')}: rank 0 is gone ({str(e).splitlines()[0]})",
+              file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

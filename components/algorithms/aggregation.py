@@ -47,9 +47,10 @@ def shared_processes() -> int | None:
     return _SHARED.get()
 
 
-def _over_processes(value: torch.Tensor | float, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    """``value`` summed (or ``op``) over the processes sharing the micro-batch; a constant to autograd."""
-    total = torch.as_tensor(value, dtype=torch.float64).detach().clone().cpu()
+def over_processes(value: torch.Tensor | float, like: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """``value`` summed (or ``op``) over the processes sharing the micro-batch, on ``like``'s device
+    (NCCL reduces GPU tensors only); a constant to autograd."""
+    total = torch.as_tensor(value, dtype=torch.float64, device=like.device).detach().clone()
     dist.all_reduce(total, op=op)
     return total
 
@@ -57,14 +58,15 @@ def _over_processes(value: torch.Tensor | float, op=dist.ReduceOp.SUM) -> torch.
 def _shared_aggregate(masked: torch.Tensor, mask: torch.Tensor, agg: str, processes: int) -> torch.Tensor:
     """``aggregate`` of this process's rows as its share of the whole micro-batch (module docstring)."""
     if agg == "token-mean":
-        numerator, normaliser = masked.sum(), _over_processes(mask.sum())
+        numerator, normaliser = masked.sum(), over_processes(mask.sum(), masked)
     elif agg == "seq-mean-token-mean":
-        numerator, normaliser = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum(), _over_processes(len(masked))
+        numerator = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum()
+        normaliser = over_processes(len(masked), masked)
     elif agg == "seq-mean-token-sum":
-        numerator, normaliser = masked.sum(), _over_processes(len(masked))
+        numerator, normaliser = masked.sum(), over_processes(len(masked), masked)
     elif agg == "seq-mean-token-sum-norm":
-        width = _over_processes(masked.shape[-1], dist.ReduceOp.MAX)  # the whole micro-batch's padded length
-        numerator, normaliser = masked.sum() / width.to(masked.dtype), _over_processes(len(masked))
+        width = over_processes(masked.shape[-1], masked, dist.ReduceOp.MAX)  # the whole micro-batch's padded length
+        numerator, normaliser = masked.sum() / width.to(masked.dtype), over_processes(len(masked), masked)
     else:
         raise ValueError(f"unknown loss aggregation {agg!r}; known: {', '.join(AGG_MODES)}")
     return numerator * processes / normaliser.clamp(min=1.0).to(masked.dtype)
@@ -76,7 +78,7 @@ def batch_mean(values: torch.Tensor) -> torch.Tensor:
     processes = _SHARED.get()
     if processes is None:
         return values.mean() if values.numel() else values.sum()
-    return values.sum() * processes / _over_processes(values.numel()).clamp(min=1.0).to(values.dtype)
+    return values.sum() * processes / over_processes(values.numel(), values).clamp(min=1.0).to(values.dtype)
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean") -> torch.Tensor:

@@ -31,7 +31,7 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs
 from transformers import PreTrainedModel
 
 from rftflow.components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, get_loss, kl_penalty, regularized
-from rftflow.components.algorithms.aggregation import shared_batch, shared_processes
+from rftflow.components.algorithms.aggregation import over_processes, shared_batch, shared_processes
 from rftflow.components.algorithms.advantages import discounted_turn_advantages, turn_returns
 from rftflow.components.config import TrainerConfig
 from rftflow.components.train.batching import (attention_pair_cost, batch_tensors, behaviour_logprobs, packs, padded_mask,
@@ -239,10 +239,9 @@ class Trainer:
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.steps += 1
-        total = loss.detach().float().cpu()
+        total = loss.detach()
         if shared_processes():  # this process's loss is its share × P: the whole micro-batch's is their mean
-            dist.all_reduce(total)
-            total /= self.processes
+            total = over_processes(total, total) / self.processes
         return {**metrics, "loss/total": float(total), "train/grad_norm": float(grad_norm)}
 
     def _share(self, idx: Sequence[int]):
