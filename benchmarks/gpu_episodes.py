@@ -28,7 +28,7 @@ from rftflow.components.explore.models import load_model
 from rftflow.components.explore.workflows import Sampling, make_workflow
 from rftflow.components.train.batching import batch_tensors, response_logprobs
 from rftflow.components.train.trainer import Trainer
-from rftflow.components.verify.rewards import make_reward_fn
+from rftflow.components.verify.rewards import campaign_rewards
 
 cfg = CampaignConfig.model_validate({"taskset": {"source": "builtin:guess_number", "workflow": "multi_turn"},
                                      "reward": {"function": "env_return"}, "workflow": {"max_turns": 6}})
@@ -36,7 +36,7 @@ tasks = [_to_task(e, "guess {low}-{high}:") for e in builtin_task_entries("guess
 train, held = tasks[128:], tasks[:128]
 model, tok = load_model("builtin:tiny")
 engine = HFRolloutEngine(copy.deepcopy(model).to(DEV), tok)
-workflow = make_workflow(cfg, tok, reward_fn=make_reward_fn("env_return", "builtin:guess_number"), context_limit=256)
+workflow = make_workflow(cfg, tok, reward_fn=campaign_rewards(cfg), context_limit=256)
 expert = workflow.expert_table(engine, train, campaign="gpu").to_pylist()
 trainer = Trainer(model, tok.pad_token_id, TrainerConfig(micro_batch_size=64, lr=5e-4, min_lr=1e-5),
                   resolve("grpo", lr_scale=0.3))

@@ -95,7 +95,7 @@ class Timers:
                 fn = make(*a, **k)
                 return compute("reward")(fn)
             return made
-        wrap(campaign_module, "make_reward_fn", reward_factory)
+        wrap(campaign_module, "campaign_rewards", reward_factory)
 
         for step in STEPS_IN_ROUNDS:
             def around(fn, step=step):

@@ -50,6 +50,7 @@ work; long responses are ``--init tiny --tokens 32`` (the random model rarely st
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -63,21 +64,22 @@ from statistics import mean, median
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
-PROMPTS, GROUP = 8, 8
+PROMPTS, GROUP = 8, 8  # prompts x responses per step (--prompts, --group; a pretrained --model: 4 x 4)
 SIDES = ("trl", "loop", "apart", "flow", "flow_stage", "flow_round")
 CHILDREN = (*SIDES, "replay")
-
-
-# The work above as rftflow config keys (over configs/arith-mix.yaml), but for the new tokens
-WORK = ["algorithm.name=grpo", "algorithm.lr_scale=1", "buffer.expert_per_round=0",
-        f"explorer.tasks_per_round={PROMPTS}", f"explorer.repeat_times={GROUP}",
-        "trainer.min_lr=null", "trainer.weight_decay=0.0", f"trainer.micro_batch_size={PROMPTS * GROUP}"]
 LR = 1e-3  # the issue's setting
+# a pretrained --model answers in words: its prompt asks a question, math_verify reads its final number
+REAL_TASK = ["taskset.prompt_template='Question: what is {expression}? Answer:'", "reward.function=math_verify"]
 
 
-def overrides(model_dir: str, tokens: int, steps: int, seed: int, threads: int, lr: float = LR) -> list[str]:
-    """rftflow's config for one run of the work above."""
-    return [f"model.path={model_dir}", *WORK, f"trainer.lr={lr}", f"explorer.max_new_tokens={tokens}",
+def overrides(model_dir: str, tokens: int, steps: int, seed: int, threads: int, lr: float = LR,
+              real: bool = False) -> list[str]:
+    """rftflow's config for one run of the work above (``real``: a pretrained model's task)."""
+    work = ["algorithm.name=grpo", "algorithm.lr_scale=1", "buffer.expert_per_round=0",
+            f"explorer.tasks_per_round={PROMPTS}", f"explorer.repeat_times={GROUP}",
+            "trainer.min_lr=null", "trainer.weight_decay=0.0", f"trainer.micro_batch_size={PROMPTS * GROUP}"]
+    task = [*REAL_TASK, f"eval.max_new_tokens={tokens}"] if real else []
+    return [f"model.path={model_dir}", *work, *task, f"trainer.lr={lr}", f"explorer.max_new_tokens={tokens}",
             "trainer.warmup_steps=0", f"rounds={steps}", f"seed={seed}", f"threads={threads}", f"eval.every={steps}",
             f"checkpoint.every={steps}", "promotion.after_campaign=false"]
 
@@ -89,16 +91,69 @@ def peak_rss_mb() -> float:
 def taskset_and_reward(cfg):
     """The taskset splits and the reward function rftflow's campaign would use."""
     from rftflow.components.data.tasksets import load_tasks
-    from rftflow.components.verify.rewards import make_reward_fn
+    from rftflow.components.verify.rewards import campaign_rewards
 
-    return load_tasks(cfg.taskset, cfg.seed, cfg.contracts), make_reward_fn(cfg.reward.function, cfg.taskset.source)
+    return load_tasks(cfg.taskset, cfg.seed, cfg.contracts), campaign_rewards(cfg)
 
 
-def accuracy(model, tokenizer, cfg, tasks, reward_fn) -> float:
+def held_out_scores(model, tokenizer, cfg, tasks, reward_fn) -> list[float]:
+    """Each held-out task's reward for the model's greedy response (rftflow's evaluator, the same
+    tasks in the same order for every side: a paired comparison)."""
     from rftflow.components.explore.engines import HFRolloutEngine
     from rftflow.components.verify import scoring
 
-    return scoring.evaluate(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)["accuracy/held_out"]
+    return scoring.greedy_scores(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)
+
+
+def accuracy(model, tokenizer, cfg, tasks, reward_fn) -> float:
+    scores = held_out_scores(model, tokenizer, cfg, tasks, reward_fn)
+    return sum(s >= 1.0 for s in scores) / len(scores)
+
+
+def matmul_params(model) -> dict[str, int]:
+    """The weights a token's forward multiplies by: every linear layer's (``body``) and the LM head's
+    (``head``; tied to the embedding or not, it is a matmul, where the embedding is a lookup)."""
+    import torch
+
+    head = model.get_output_embeddings()
+    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
+    return {"body": body, "head": head.weight.numel()}
+
+
+class Tokens:
+    """What a side's sampler produced, counted the same way on both sides: per group its prompt
+    (unique), per row its prompt and response tokens (EOS included)."""
+
+    def __init__(self):
+        self.groups = self.prompt_unique = self.prompt_rows = self.response = self.rows = 0
+        self.decode_s = 0.0
+        self.prompts = hashlib.sha256()  # the prompts' token ids, in order: the same on both sides
+
+    def add_prompts(self, prompts: list[list[int]]) -> None:
+        for ids in prompts:
+            self.prompts.update(json.dumps(ids).encode())
+
+    def add(self, prompt_lengths: list[int], response_lengths: list[int], group: int) -> None:
+        self.groups += len(prompt_lengths) // group
+        self.prompt_unique += sum(prompt_lengths[::group])
+        self.prompt_rows += sum(prompt_lengths)
+        self.response += sum(response_lengths)
+        self.rows += len(response_lengths)
+
+    def model_flops(self, params: dict[str, int]) -> dict[str, float]:
+        """Model FLOPs of the work (2 per weight per token forward, 6 forward + backward; attention's
+        score and value products, 4 x layers x width x context per token, are under 2 % at these
+        lengths and left out). Decode: each prompt prefilled once, each response token but the last
+        fed back (the LM head on a prompt's last position and on each fed token); train: every row's
+        prompt and response through the body, its response through the head."""
+        body, head = params["body"], params["head"]
+        fed = self.response - self.rows  # response tokens that go back into the model
+        return {"decode": 2 * (body * (self.prompt_unique + fed) + head * (self.groups + fed)),
+                "train": 6 * (body * (self.prompt_rows + self.response) + head * self.response)}
+
+    def report(self) -> dict:
+        return {"groups": self.groups, "prompt_unique": self.prompt_unique, "prompt_rows": self.prompt_rows,
+                "response": self.response, "rows": self.rows, "prompts_sha256": self.prompts.hexdigest()}
 
 
 def trl_trainer(cfg, args):
@@ -125,26 +180,77 @@ def trl_trainer(cfg, args):
         # rftflow trains in float32 and keeps activations: TRL 1.16 defaults to bf16 autocast and gradient
         # checkpointing, which is other work (and bf16 is emulated, ~7x slower, on a CPU without avx512_bf16)
         bf16=False, gradient_checkpointing=False,
+        shuffle_dataset=False,  # the prompts of rftflow's rounds, in its order (``rounds_tasks``)
     )
-    data = Dataset.from_list([{"prompt": t.prompt} for t in taskset.train])
+    data = Dataset.from_list([{"prompt": t.prompt} for t in rounds_tasks(cfg, taskset, args.steps)])
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer)
     return trainer, tokenizer, taskset, reward_fn
 
 
+def rounds_tasks(cfg, taskset, steps: int) -> list:
+    """The tasks rftflow's rounds 1..``steps`` explore, in order (its task selector over the same
+    train split): TRL's dataset, unshuffled, so step s samples round s's prompts."""
+    from rftflow.components.buffer.selectors import select_tasks
+
+    return [t for r in range(1, steps + 1) for t in select_tasks(taskset.train, r, PROMPTS, cfg.seed,
+                                                                 selector=cfg.explorer.task_selector)]
+
+
 def side_trl(cfg, args) -> dict:
+    """TRL's ``trainer.train()``, timed by phase: decode (``model.generate``), reward (the reward
+    function), train (forward, backward, the optimizer step and the loop around them: all but the
+    batch preparation), other (the rest of the preparation: tokenising, advantages); no sync (one
+    model samples and trains)."""
+    import torch
+
     trainer, tokenizer, taskset, reward_fn = trl_trainer(cfg, args)
     lengths, log = [], trainer.log
+    tokens, spent = Tokens(), {"prepare": 0.0, "reward": 0.0}
+    eos = torch.tensor(trainer.eos_token_ids)
+    model = trainer.model
+
+    def timed(name, fn):
+        def call(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[name] += time.perf_counter() - start
+        return call
+
+    generate = model.generate
+
+    def counted_generate(*a, **kw):  # TRL passes input_ids and attention_mask by name
+        start = time.perf_counter()
+        out = generate(*a, **kw)
+        tokens.decode_s += time.perf_counter() - start
+        width = kw["input_ids"].shape[1]
+        completion = out[:, width:]
+        ended = torch.isin(completion, eos)
+        lengths_ = torch.where(ended.any(1), ended.int().argmax(1) + 1, completion.shape[1])
+        tokens.add(kw["attention_mask"].sum(1).tolist(), lengths_.tolist(), GROUP)
+        tokens.add_prompts([ids[mask.bool()].tolist() for ids, mask in
+                            zip(kw["input_ids"][::GROUP], kw["attention_mask"][::GROUP])])
+        return out
 
     def keep_lengths(logs, *rest):  # TRL keeps a length per step until a log, which clears them
         lengths.extend(trainer._metrics["train"].get("completions/mean_length", []))
         return log(logs, *rest)
 
+    model.generate = counted_generate
+    trainer.reward_funcs[0] = timed("reward", trainer.reward_funcs[0])
+    trainer._generate_and_score_completions = timed("prepare", trainer._generate_and_score_completions)
     trainer.log = keep_lengths
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "accuracy": accuracy(trainer.model, tokenizer, cfg, taskset.held_out, reward_fn),
-            "response_tokens": mean(lengths) if len(lengths) == args.steps else float("nan")}
+    del model.generate
+    scores = held_out_scores(model, tokenizer, cfg, taskset.held_out, reward_fn)
+    phases = {"decode": tokens.decode_s, "reward": spent["reward"], "train": seconds - spent["prepare"], "sync": 0.0,
+              "other": spent["prepare"] - tokens.decode_s - spent["reward"]}
+    return {"seconds": seconds, "accuracy": sum(x >= 1.0 for x in scores) / len(scores), "scores": scores,
+            "response_tokens": mean(lengths) if len(lengths) == args.steps else float("nan"),
+            "phases": phases, "tokens": tokens.report(), "flops": tokens.model_flops(matmul_params(model))}
 
 
 def side_replay(cfg, args) -> dict:
@@ -193,17 +299,50 @@ def side_replay(cfg, args) -> dict:
 
 
 def side_loop(cfg, args) -> dict:
+    """rftflow's round loop (``Campaign.stage`` for each stage of each round), timed by phase: decode
+    (the engine's ``generate_ids``), reward (verify: rewards and the data contract), train, sync,
+    other (the rest of explore, and buffer: the round's Parquet write)."""
+    from rftflow.components.campaign.schedule import ROUND, Step
     from rftflow.components.campaign.stages import Campaign
 
+    taskset, reward_fn = taskset_and_reward(cfg)
     with tempfile.TemporaryDirectory() as run_dir:
         campaign = Campaign(cfg, run_dir)
         campaign.prepare()
         campaign.warm_start()  # no steps: publishes the start weights
+        tokens, engine = Tokens(), campaign.engine
+        generate_ids = engine.generate_ids
+
+        def counted(encoded, **kw):  # in explore only (the sync check samples a few tokens too: that is sync)
+            if not exploring:
+                return generate_ids(encoded, **kw)
+            start = time.perf_counter()
+            groups = generate_ids(encoded, **kw)
+            tokens.decode_s += time.perf_counter() - start
+            rows = [r for g in groups for r in g]
+            tokens.add([len(r.prompt_ids) for r in rows], [len(r.response_ids) for r in rows], kw.get("n", 1))
+            tokens.add_prompts([list(ids) for ids in encoded])
+            return groups
+
+        engine.generate_ids = counted
+        spent, exploring = dict.fromkeys(ROUND, 0.0), False
         start, lengths = time.perf_counter(), []
         for r in range(1, args.steps + 1):
-            lengths.append(campaign.run_round(r)["rollout/response_len"])
+            for step in ROUND:
+                exploring = step is Step.EXPLORE
+                began = time.perf_counter()
+                metrics = campaign.stage(step, r)
+                spent[step] += time.perf_counter() - began
+                if step is Step.EXPLORE:
+                    lengths.append(metrics["rollout/response_len"])
         seconds = time.perf_counter() - start
-        return {"seconds": seconds, "accuracy": campaign.evaluate()["accuracy/held_out"], "response_tokens": mean(lengths)}
+        del engine.generate_ids
+        scores = held_out_scores(campaign.engine.model, campaign.tokenizer, cfg, taskset.held_out, reward_fn)
+        phases = {"decode": tokens.decode_s, "reward": spent[Step.VERIFY], "train": spent[Step.TRAIN],
+                  "sync": spent[Step.SYNC], "other": spent[Step.EXPLORE] - tokens.decode_s + spent[Step.BUFFER]}
+        return {"seconds": seconds, "accuracy": sum(x >= 1.0 for x in scores) / len(scores), "scores": scores,
+                "response_tokens": mean(lengths), "phases": phases, "tokens": tokens.report(),
+                "flops": tokens.model_flops(matmul_params(campaign.trainer.unwrapped))}
 
 
 def side_apart(cfg, args) -> dict:
@@ -273,7 +412,8 @@ def apart_role(cfg, args) -> dict:
 
 def side_flow(cfg, args, *more: str) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
-        sets = [a for o in [*overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads, args.lr), *more]
+        sets = [a for o in [*overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads, args.lr,
+                                       real=args.model is not None), *more]
                 for a in ("--set", o)]
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "rftflow.flows.cli", "run", str(CONFIG), "--run-dir", run_dir,
@@ -322,7 +462,7 @@ def child(args) -> None:
     role = [f"mode={args.role}", "sync.method=checkpoint", "sync.offset=1",
             f"storage.url={Path(args.store).as_uri()}"] if args.role else []
     cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads,
-                                                         args.lr), *role])
+                                                         args.lr, real=args.model is not None), *role])
     if args.role:
         result = apart_role(cfg, args)
     else:
@@ -344,6 +484,7 @@ def side_command(side: str, model_dir: str, tokens: int, threads: int, args, *ex
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     return [sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--tokens", str(tokens),
             "--steps", str(args.steps), "--seed", str(args.seed), "--threads", str(threads), "--lr", str(args.lr),
+            "--prompts", str(PROMPTS), "--group", str(GROUP), *(["--model", args.model] if args.model else []),
             *extra], env
 
 
@@ -358,13 +499,21 @@ def printed(stdout: str, stderr: str, returncode: int, what: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="8,32", help="max new tokens, one setting per value")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, help="steps per run (default 40; with --model 10)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--lr", type=float, default=LR, help="the constant learning rate of both sides")
-    parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--sides", help=f"default {','.join(SIDES)}; with --model trl,loop")
     parser.add_argument("--repeats", type=int, default=3, help="runs per side and setting; the median is reported")
     parser.add_argument("--init", choices=("warm", "tiny"), default="warm")
+    parser.add_argument("--model", metavar="PATH",
+                        help="a pretrained model instead of --init (builtin:smollm2-135m-instruct, a directory, a .gguf), "
+                             "de-quantized once to a Hugging Face directory both sides load; its task asks "
+                             "'Question: what is 47 + 38? Answer:' and math_verify scores it; one run per side per --seeds")
+    parser.add_argument("--seeds", default="0,1,2", metavar="S,S,...",
+                        help="with --model: the seeds, one run per side each (the sampling and the tasks' split)")
+    parser.add_argument("--prompts", type=int, help="prompts per step (default 8; with --model 4)")
+    parser.add_argument("--group", type=int, help="responses per prompt (default 8; with --model 4)")
     parser.add_argument("--replay", action="store_true",
                         help="instead of timing: TRL's batches through rftflow's trainer, weights compared step by step")
     parser.add_argument("--accuracy-seeds", metavar="S,S,...",
@@ -375,14 +524,19 @@ def main() -> None:
     parser.add_argument("--role", choices=("train", "explore"), help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global PROMPTS, GROUP
+    PROMPTS, GROUP = args.prompts or (4 if args.model else PROMPTS), args.group or (4 if args.model else GROUP)
+    args.steps = args.steps or (10 if args.model else 40)
     if args.side:
         args.tokens = int(args.tokens)
         return child(args)
+    if args.model:
+        return compare_on_model(args)
 
     import rftflow.flows  # noqa: F401
     from rftflow.components.explore.models import resolve_model_path
 
-    sides = args.sides.split(",")
+    sides = (args.sides or ",".join(SIDES)).split(",")
     with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as warm_dir:
         if args.init == "warm":
             import torch
@@ -424,6 +578,87 @@ def main() -> None:
             if "loop" in results and flow in results:
                 print(f"| {tokens} | {flow} / loop time | {results[flow]['seconds'] / results['loop']['seconds']:.2f} | | "
                       f"| | | before and after the rounds {results[flow]['outside_rounds_s']:.0f} s |")
+
+
+def matmul_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """This machine's float32 matmul rate at ``threads`` torch threads: the best of ``repeats``
+    (size x size) @ (size x size) products, 2 size³ FLOPs each."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = min(_timed(torch.mm, a, b) for _ in range(repeats))
+    return 2 * size ** 3 / best / 1e9
+
+
+def _timed(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def compare_on_model(args) -> None:
+    """TRL and rftflow's loop on a pretrained model, one run per side per seed (sides interleaved):
+    samples/s, the time and model FLOPs by phase, held-out accuracy paired by task and seed."""
+    import torch
+
+    import rftflow.flows  # noqa: F401
+    from rftflow.components.explore.models import load_model
+
+    sides, seeds, tokens = (args.sides or "trl,loop").split(","), [int(s) for s in args.seeds.split(",")], int(args.tokens.split(",")[0])
+    peak = matmul_gflops(args.threads)
+    print(f"float32 matmul, 2048², {args.threads} threads: {peak:.1f} GFLOP/s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as model_dir:
+        torch.set_num_threads(args.threads)
+        model, tokenizer = load_model(args.model)  # a GGUF de-quantized here once: both sides load this directory
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        del model
+        runs: dict[str, list[dict]] = {side: [] for side in sides}
+        for seed in seeds:
+            for side in sides:
+                r = run_side(side, model_dir, tokens, argparse.Namespace(**{**vars(args), "seed": seed}))
+                runs[side].append(r)
+                print(f"seed {seed}, {side}: {samples_per_s(r['seconds'], args.steps):.2f} samples/s, "
+                      f"response tokens {r['response_tokens']:.1f}, accuracy {r['accuracy']:.3f}, "
+                      f"phases (s) {json.dumps({k: round(v, 1) for k, v in r['phases'].items()})}", flush=True)
+    peak_after = matmul_gflops(args.threads)
+    print(f"\n{args.model}: {args.steps} steps of {PROMPTS} prompts x {GROUP} responses, up to {tokens} new tokens, "
+          f"lr {args.lr:g}, beta 0, float32, {args.threads} threads, seeds {args.seeds}; matmul peak {peak:.1f} GFLOP/s "
+          f"before the runs, {peak_after:.1f} after; medians over seeds (range)\n")
+    print("| side | samples/s (range) | response tokens | s/step: decode | reward + contract | train | sync | other "
+          "| decode GFLOP/s | train GFLOP/s | model GFLOP/s | % of matmul peak | vs TRL |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    base = median(samples_per_s(r["seconds"], args.steps) for r in runs["trl"]) if "trl" in runs else None
+    for side, rs in runs.items():
+        rates = [samples_per_s(r["seconds"], args.steps) for r in rs]
+        phase = {k: median(r["phases"][k] for r in rs) / args.steps for k in rs[0]["phases"]}
+        decode = median(r["flops"]["decode"] / r["phases"]["decode"] for r in rs) / 1e9
+        train = median(r["flops"]["train"] / r["phases"]["train"] for r in rs) / 1e9
+        model_rate = median((r["flops"]["decode"] + r["flops"]["train"]) / r["seconds"] for r in rs) / 1e9
+        ratio = f"{median(rates) / base:.2f}x" if base else "-"
+        print(f"| {side} | {median(rates):.2f} ({min(rates):.2f}-{max(rates):.2f}) | "
+              f"{mean(r['response_tokens'] for r in rs):.1f} | {phase['decode']:.2f} | {phase['reward']:.2f} | "
+              f"{phase['train']:.2f} | {phase['sync']:.2f} | {phase['other']:.2f} | {decode:.1f} | {train:.1f} | "
+              f"{model_rate:.1f} | {100 * model_rate / peak:.0f} % | {ratio} |")
+    if {"trl", "loop"} <= runs.keys():
+        same = all(t["tokens"]["prompts_sha256"] == lp["tokens"]["prompts_sha256"] for t, lp in zip(runs["trl"], runs["loop"]))
+        print(f"\nthe same prompts, in the same order, on both sides in every seed: {'yes' if same else 'NO'}")
+        print_paired_accuracy(runs["trl"], runs["loop"], args.steps)
+
+
+def print_paired_accuracy(trl: list[dict], loop: list[dict], steps: int) -> None:
+    """Held-out accuracy of both sides on the same tasks (per seed), the mean per-task difference
+    and its standard error."""
+    from statistics import stdev
+
+    differences = [(b >= 1.0) - (a >= 1.0) for t, lp in zip(trl, loop) for a, b in zip(t["scores"], lp["scores"])]
+    tasks = len(trl[0]["scores"])
+    error = stdev(differences) / len(differences) ** 0.5
+    print(f"\nheld-out accuracy after {steps} steps, {tasks} tasks x {len(trl)} seeds, greedy, the same tasks for both: "
+          f"TRL {mean(r['accuracy'] for r in trl):.3f}, rftflow {mean(r['accuracy'] for r in loop):.3f}; "
+          f"rftflow - TRL {mean(differences):+.3f} (standard error {error:.3f}, paired by task and seed)")
 
 
 def print_replay(r: dict, args) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rftflow.components.data.prompts import encode_prompt
 from rftflow.components.explore.decode import decode_steps, prefill
@@ -62,6 +62,7 @@ class HFRolloutEngine:
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(getattr(model, "generation_config", None), tokenizer)
         self.batch_size = batch_size
         self.chat_template = chat_template
         self.lean_steps = lean_steps  # False: every step through the model's own forward (``decode``)
@@ -108,7 +109,7 @@ class HFRolloutEngine:
         steps = decode_steps(model, cache, attention, n, max_new_tokens, lean=self.lean_steps)
         logits = last.repeat_interleave(n, 0)  # (N, V), N = G·n
         position = position.repeat_interleave(n, 0)  # (N,)
-        rows = len(prompts) * n
+        rows, stops = len(prompts) * n, torch.tensor(sorted(self.stop_ids), device=device)
         tokens = torch.full((rows, max_new_tokens), tok.pad_token_id, dtype=torch.long)  # (N, S)
         logprobs = torch.zeros(rows, max_new_tokens)  # (N, S)
         lengths = torch.full((rows,), max_new_tokens, dtype=torch.long)  # (N,)
@@ -118,7 +119,7 @@ class HFRolloutEngine:
             chosen = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)  # (A,)
             tokens[active, step] = chosen.cpu()
             logprobs[active, step] = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).cpu()
-            ended = (chosen == tok.eos_token_id).cpu()  # (A,)
+            ended = torch.isin(chosen, stops).cpu()  # (A,)
             lengths[active[ended]] = step + 1
             if step == max_new_tokens - 1 or bool(ended.all()):
                 break
@@ -134,7 +135,7 @@ class HFRolloutEngine:
             ids = tokens[i, :int(lengths[i])].tolist()
             rollouts.append(Rollout(
                 prompt_ids=list(prompts[i // n]), response_ids=ids, logprobs=logprobs[i, :len(ids)].tolist(),
-                text=tok.decode(ids, skip_special_tokens=True), finished=ids[-1] == tok.eos_token_id,
+                text=tok.decode(ids, skip_special_tokens=True), finished=ids[-1] in self.stop_ids,
             ))
         return rollouts
 
@@ -234,8 +235,11 @@ class OpenAIRolloutEngine:
         ids = list(choice["token_ids"])
         logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
         finished = choice["finish_reason"] == "stop"
-        eos = self.tokenizer.eos_token_id
-        if finished and (not ids or ids[-1] != eos):  # the server leaves the EOS out of token_ids
+        # the server leaves the stop token out of token_ids: the tokenizer's EOS, or the one of the
+        # generation config's it names as ``stop_reason``
+        stop_reason = choice.get("stop_reason")
+        eos = stop_reason if isinstance(stop_reason, int) else self.tokenizer.eos_token_id
+        if finished and (not ids or ids[-1] != eos):
             ids.append(eos)
             logprobs.append(0.0 if len(logprobs) < len(ids) - 1 else logprobs[-1])
         return Rollout(prompt_ids=list(prompt), response_ids=ids, logprobs=logprobs[:len(ids)],
@@ -313,6 +317,11 @@ class VLLMRolloutEngine:
         self.tokenizer, self.chat_template = tokenizer, chat_template
         self.llm = LLM(model=str(model_dir), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                        enforce_eager=True, seed=seed)
+        try:  # vLLM stops where the model's generation config says, as the hf engine does
+            generation = GenerationConfig.from_pretrained(model_dir)
+        except OSError:
+            generation = None
+        self.stop_ids = stop_token_ids(generation, tokenizer)
 
     def encode(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
@@ -330,7 +339,7 @@ class VLLMRolloutEngine:
         params = SamplingParams(n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
                                 top_p=1.0, top_k=-1, logprobs=0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False)
-        eos = self.tokenizer.eos_token_id
+        stops = self.stop_ids
         groups = []
         for ids, out in zip(encoded, outputs):
             group = []
@@ -339,7 +348,7 @@ class VLLMRolloutEngine:
                 logprobs = [lp[t].logprob for t, lp in zip(response, c.logprobs)]
                 group.append(Rollout(prompt_ids=ids, response_ids=response, logprobs=logprobs,
                                      text=self.tokenizer.decode(response, skip_special_tokens=True),
-                                     finished=c.finish_reason == "stop" and eos in response))
+                                     finished=c.finish_reason == "stop" and bool(stops & set(response))))
             groups.append(group)
         return groups
 
@@ -351,13 +360,22 @@ class VLLMRolloutEngine:
 
 
 @torch.no_grad()
+def stop_token_ids(generation_config, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The ids a response ends at: the tokenizer's EOS and the ``eos_token_id`` (one or a list) of
+    the model's generation config (None: none), as transformers' ``generate``, vLLM and TRL stop
+    (an instruct model's config may list its end-of-turn token beside the base model's end of text)."""
+    listed = getattr(generation_config, "eos_token_id", None)
+    listed = [] if listed is None else [listed] if isinstance(listed, int) else list(listed)
+    return frozenset([tokenizer.eos_token_id, *listed])
+
+
 def weights_digest(weights: Mapping[str, torch.Tensor], names: Iterable[str]) -> str:
     """sha256 over ``names`` (sorted) of ``weights``: each name, dtype, shape and bytes."""
     digest = hashlib.sha256()
     for name in sorted(names):
         tensor = weights[name].detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        digest.update(tensor.view(torch.uint8).numpy().data if tensor.numel() else b"")  # the bytes, not a copy
     return digest.hexdigest()
 
 

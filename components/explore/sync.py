@@ -20,6 +20,7 @@ explorer share a process: a sync that did not arrive fails the round in one line
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -113,9 +114,13 @@ def check_sync(trainer, engine, version: int, explorer_version: int, probe: Sequ
     if explorer_version != version:
         raise SyncMismatch(f"weight sync: the explorer holds version {explorer_version}, the trainer published "
                            f"{version}")
-    names = trainer.trained_names()
-    held = engine.weights_digest(names) if hasattr(engine, "weights_digest") else None
-    if held is not None and held != (published := weights_digest(trainer.policy_weights(), names)):
+    names, held = trainer.trained_names(), None
+    if hasattr(engine, "weights_digest"):  # both sides hashed at once: hashlib lets go of the GIL
+        with ThreadPoolExecutor(1) as pool:
+            explorers = pool.submit(engine.weights_digest, names)
+            published = weights_digest(trainer.policy_weights(), names)
+            held = explorers.result()
+    if held is not None and held != published:
         raise SyncMismatch(f"weight sync of version {version} did not arrive: the explorer's weights have sha256 "
                            f"{held[:12]}, the trainer published {published[:12]}")
     metrics = {"sync/checked": 1.0}
