@@ -34,6 +34,16 @@ float rounding stays far below one step's size); ``--accuracy-seeds 0,1,...`` ru
 once per seed from one start model and prints their held-out accuracy paired by seed, with the
 mean difference and its standard error (a seed draws both the tasks' split and the sampling).
 
+A pretrained model, ``--model builtin:smollm2-135m-instruct`` (or a directory, or a .gguf; de-quantized
+once to a Hugging Face directory both sides load): raw-text prompts "Question: what is 47 + 38?
+Answer:" scored by math_verify, 4 prompts x 4 responses a step, 10 steps, one run per side per
+``--seeds`` seed. TRL's dataset is rftflow's rounds' tasks in order, unshuffled, so both sides sample
+the same prompts in the same order (checked: a digest of the prompts' token ids). Beside samples/s it
+prints the time of each phase (decode, reward + contract, train, sync, other) and the model FLOPs
+(``Tokens.model_flops``: 2 per weight per token forward, 6 forward + backward) per second of
+each, against this machine's float32 matmul rate (``matmul_gflops``, measured before and after the
+runs), and the held-out accuracy of both on the same 200 tasks, paired by task and seed.
+
 The start model: ``--init warm`` (default) is ``builtin:tiny`` after 1000 SFT steps on
 demonstrations, made once by rftflow and saved as a Hugging Face directory, so accuracy means
 something (``--init tiny``: the random ``builtin:tiny``, on which no side learns in 40 steps). The
@@ -45,6 +55,7 @@ work; long responses are ``--init tiny --tokens 32`` (the random model rarely st
     python benchmarks/vs_trl.py --tokens 8 --sides trl,loop,apart
     python benchmarks/vs_trl.py --tokens 8 --lr 3e-5 --replay
     python benchmarks/vs_trl.py --tokens 8 --lr 3e-5 --accuracy-seeds 0,1,2,3,4,5
+    python benchmarks/vs_trl.py --model builtin:smollm2-135m-instruct --tokens 32 --lr 1e-6   # seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -311,6 +322,7 @@ def side_loop(cfg, args) -> dict:
         campaign.prepare()
         campaign.warm_start()  # no steps: publishes the start weights
         tokens, engine = Tokens(), campaign.engine
+        start_scores = held_out_scores(engine.model, campaign.tokenizer, cfg, taskset.held_out, reward_fn)
         generate_ids = engine.generate_ids
 
         def counted(encoded, **kw):  # in explore only (the sync check samples a few tokens too: that is sync)
@@ -342,6 +354,7 @@ def side_loop(cfg, args) -> dict:
                   "sync": spent[Step.SYNC], "other": spent[Step.EXPLORE] - tokens.decode_s + spent[Step.BUFFER]}
         return {"seconds": seconds, "accuracy": sum(x >= 1.0 for x in scores) / len(scores), "scores": scores,
                 "response_tokens": mean(lengths), "phases": phases, "tokens": tokens.report(),
+                "start_accuracy": sum(x >= 1.0 for x in start_scores) / len(start_scores),
                 "flops": tokens.model_flops(matmul_params(campaign.trainer.unwrapped))}
 
 
@@ -657,7 +670,8 @@ def print_paired_accuracy(trl: list[dict], loop: list[dict], steps: int) -> None
     tasks = len(trl[0]["scores"])
     error = stdev(differences) / len(differences) ** 0.5
     print(f"\nheld-out accuracy after {steps} steps, {tasks} tasks x {len(trl)} seeds, greedy, the same tasks for both: "
-          f"TRL {mean(r['accuracy'] for r in trl):.3f}, rftflow {mean(r['accuracy'] for r in loop):.3f}; "
+          f"start model {mean(r['start_accuracy'] for r in loop):.3f}, after TRL {mean(r['accuracy'] for r in trl):.3f}, "
+          f"rftflow {mean(r['accuracy'] for r in loop):.3f}; "
           f"rftflow - TRL {mean(differences):+.3f} (standard error {error:.3f}, paired by task and seed)")
 
 
