@@ -70,6 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from statistics import mean, median
 
@@ -77,7 +78,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
 PROMPTS, GROUP = 8, 8  # prompts x responses per step (--prompts, --group; a pretrained --model: 4 x 4)
 SIDES = ("trl", "loop", "apart", "flow", "flow_stage", "flow_round")
-CHILDREN = (*SIDES, "replay")
+CHILDREN = (*SIDES, "replay", "openai", "async")  # openai, async: --model only, on a vLLM CPU server
 LR = 1e-3  # the issue's setting
 # a pretrained --model answers in words: its prompt asks a question, math_verify reads its final number
 REAL_TASK = ["taskset.prompt_template='Question: what is {expression}? Answer:'", "reward.function=math_verify"]
@@ -322,7 +323,8 @@ def side_loop(cfg, args) -> dict:
         campaign.prepare()
         campaign.warm_start()  # no steps: publishes the start weights
         tokens, engine = Tokens(), campaign.engine
-        start_scores = held_out_scores(engine.model, campaign.tokenizer, cfg, taskset.held_out, reward_fn)
+        policy = getattr(engine, "model", campaign.trainer.unwrapped)  # a server's: the trainer's, synced to it
+        start_scores = held_out_scores(policy, campaign.tokenizer, cfg, taskset.held_out, reward_fn)
         generate_ids = engine.generate_ids
 
         def counted(encoded, **kw):  # in explore only (the sync check samples a few tokens too: that is sync)
@@ -349,7 +351,7 @@ def side_loop(cfg, args) -> dict:
                     lengths.append(metrics["rollout/response_len"])
         seconds = time.perf_counter() - start
         del engine.generate_ids
-        scores = held_out_scores(campaign.engine.model, campaign.tokenizer, cfg, taskset.held_out, reward_fn)
+        scores = held_out_scores(policy, campaign.tokenizer, cfg, taskset.held_out, reward_fn)
         phases = {"decode": tokens.decode_s, "reward": spent[Step.VERIFY], "train": spent[Step.TRAIN],
                   "sync": spent[Step.SYNC], "other": spent[Step.EXPLORE] - tokens.decode_s + spent[Step.BUFFER]}
         return {"seconds": seconds, "accuracy": sum(x >= 1.0 for x in scores) / len(scores), "scores": scores,
@@ -476,7 +478,16 @@ def child(args) -> None:
             f"storage.url={Path(args.store).as_uri()}"] if args.role else []
     cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads,
                                                          args.lr, real=args.model is not None), *role])
-    if args.role:
+    server = [] if not args.base_url else ["explorer.engine=openai", f"explorer.base_url={args.base_url}",
+                                           "explorer.served_model=model"]
+    if server:
+        cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed,
+                                                             args.threads, args.lr, real=True), *server])
+    if args.side == "openai":  # the loop, rollouts on the server
+        result = side_loop(cfg, args)
+    elif args.side == "async":  # the flow in async mode: the next round's rollouts beside this round's training
+        result = side_flow(cfg, args, *server, "mode=async", "sync.offset=1", "algorithm.max_staleness=1")
+    elif args.role:
         result = apart_role(cfg, args)
     else:
         result = {"trl": side_trl, "loop": side_loop, "apart": side_apart, "flow": side_flow, "replay": side_replay,
@@ -498,6 +509,7 @@ def side_command(side: str, model_dir: str, tokens: int, threads: int, args, *ex
     return [sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--tokens", str(tokens),
             "--steps", str(args.steps), "--seed", str(args.seed), "--threads", str(threads), "--lr", str(args.lr),
             "--prompts", str(PROMPTS), "--group", str(GROUP), *(["--model", args.model] if args.model else []),
+            *(["--base-url", args.base_url] if side in ("openai", "async") else []),
             *extra], env
 
 
@@ -536,6 +548,7 @@ def main() -> None:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=("train", "explore"), help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--base-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     global PROMPTS, GROUP
     PROMPTS, GROUP = args.prompts or (4 if args.model else PROMPTS), args.group or (4 if args.model else GROUP)
@@ -629,13 +642,22 @@ def compare_on_model(args) -> None:
         tokenizer.save_pretrained(model_dir)
         del model
         runs: dict[str, list[dict]] = {side: [] for side in sides}
-        for seed in seeds:
-            for side in sides:
-                r = run_side(side, model_dir, tokens, argparse.Namespace(**{**vars(args), "seed": seed}))
-                runs[side].append(r)
-                print(f"seed {seed}, {side}: {samples_per_s(r['seconds'], args.steps):.2f} samples/s, "
-                      f"response tokens {r['response_tokens']:.1f}, accuracy {r['accuracy']:.3f}, "
-                      f"phases (s) {json.dumps({k: round(v, 1) for k, v in r['phases'].items()})}", flush=True)
+        with ExitStack() as servers:
+            if {"openai", "async"} & set(sides):  # one vLLM CPU server for every run that needs one
+                from rftflow.infra.vllm_server import start_server
+
+                # on the cores the sides use (vLLM's one-process executor: no worker spinning beside the trainer)
+                server = start_server(model_dir, served_model="model", threads=args.threads,
+                                      cores=f"0-{args.threads - 1}")
+                servers.callback(server.stop)
+                args.base_url = server.url
+            for seed in seeds:
+                for side in sides:
+                    r = run_side(side, model_dir, tokens, argparse.Namespace(**{**vars(args), "seed": seed}))
+                    runs[side].append(r)
+                    print(f"seed {seed}, {side}: {samples_per_s(r['seconds'], args.steps):.2f} samples/s, "
+                          f"response tokens {r['response_tokens']:.1f}, accuracy {r['accuracy']:.3f}, phases (s) "
+                          f"{json.dumps({k: round(v, 1) for k, v in r.get('phases', {}).items()})}", flush=True)
     peak_after = matmul_gflops(args.threads)
     print(f"\n{args.model}: {args.steps} steps of {PROMPTS} prompts x {GROUP} responses, up to {tokens} new tokens, "
           f"lr {args.lr:g}, beta 0, float32, {args.threads} threads, seeds {args.seeds}; matmul peak {peak:.1f} GFLOP/s "
@@ -646,6 +668,11 @@ def compare_on_model(args) -> None:
     base = median(samples_per_s(r["seconds"], args.steps) for r in runs["trl"]) if "trl" in runs else None
     for side, rs in runs.items():
         rates = [samples_per_s(r["seconds"], args.steps) for r in rs]
+        if "phases" not in rs[0]:  # the async flow: its rounds' wall time only
+            print(f"| {side} | {median(rates):.2f} ({min(rates):.2f}-{max(rates):.2f}) | "
+                  f"{mean(r['response_tokens'] for r in rs):.1f} | | | | | | | | | | "
+                  f"{median(rates) / base:.2f}x |" if base else "-")
+            continue
         phase = {k: median(r["phases"][k] for r in rs) / args.steps for k in rs[0]["phases"]}
         decode = median(r["flops"]["decode"] / r["phases"]["decode"] for r in rs) / 1e9
         train = median(r["flops"]["train"] / r["phases"]["train"] for r in rs) / 1e9

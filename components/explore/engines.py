@@ -12,7 +12,8 @@ the engine holds the weights itself, ``weights_digest(names)``, which the sync c
 - ``vllm``: vLLM in this process, on a GPU.
 
 Sampling draws from the full distribution at ``temperature`` (no top-k/top-p), so the recorded
-log-probs log softmax(logits / temperature)[token] are the behaviour policy's.
+log-probs log softmax(logits / temperature)[token] are the behaviour policy's; a response ends at
+any of ``stop_token_ids`` (the tokenizer's EOS and the generation config's), as ``generate`` ends it.
 """
 
 from __future__ import annotations
