@@ -360,7 +360,6 @@ class VLLMRolloutEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": out})
 
 
-@torch.no_grad()
 def stop_token_ids(generation_config, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """The ids a response ends at: the tokenizer's EOS and the ``eos_token_id`` (one or a list) of
     the model's generation config (None: none), as transformers' ``generate``, vLLM and TRL stop
@@ -370,6 +369,7 @@ def stop_token_ids(generation_config, tokenizer: PreTrainedTokenizerBase) -> fro
     return frozenset([tokenizer.eos_token_id, *listed])
 
 
+@torch.no_grad()
 def weights_digest(weights: Mapping[str, torch.Tensor], names: Iterable[str]) -> str:
     """sha256 over ``names`` (sorted) of ``weights``: each name, dtype, shape and bytes."""
     digest = hashlib.sha256()

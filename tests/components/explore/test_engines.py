@@ -106,3 +106,17 @@ def test_evaluation_splits_accuracy_into_finished_answers_and_their_accuracy(tin
     short, long = evaluate(engine, tasks, reward, 1), evaluate(engine, tasks, reward, 12)
     assert short["accuracy/finished"] < long["accuracy/finished"] and long["accuracy/finished"] > 0.5
     assert 0 < long["accuracy/of_finished"] < 1
+
+
+def test_a_response_ends_at_any_eos_id_of_the_generation_config(tiny):
+    """As generate, vLLM and TRL: an instruct model's config may list its end of turn beside its EOS."""
+    import copy
+
+    model, tok = tiny
+    [[free]] = HFRolloutEngine(model, tok).generate(["12+3="], n=1, max_new_tokens=8, greedy=True)
+    first = free.response_ids[0]
+    assert first != tok.eos_token_id and len(free.response_ids) > 1
+    listing = copy.deepcopy(model)
+    listing.generation_config.eos_token_id = [tok.eos_token_id, first]
+    [[cut]] = HFRolloutEngine(listing, tok).generate(["12+3="], n=1, max_new_tokens=8, greedy=True)
+    assert cut.response_ids == [first] and cut.finished
