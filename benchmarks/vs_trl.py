@@ -61,10 +61,12 @@ work; long responses are ``--init tiny --tokens 32`` (the random model rarely st
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,8 +185,10 @@ def trl_trainer(cfg, args):
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    output_dir = tempfile.mkdtemp(prefix="vs-trl-")
+    atexit.register(shutil.rmtree, output_dir, True)  # TRL writes nothing there (save_strategy "no"), but makes it
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="vs-trl-"), use_cpu=True, seed=args.seed, max_steps=args.steps,
+        output_dir=output_dir, use_cpu=True, seed=args.seed, max_steps=args.steps,
         per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP, max_completion_length=args.tokens,
         temperature=1.0, top_k=0, top_p=1.0, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, max_grad_norm=1.0, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
@@ -633,6 +637,9 @@ def compare_on_model(args) -> None:
     from rftflow.components.explore.models import load_model
 
     sides, seeds, tokens = (args.sides or "trl,loop").split(","), [int(s) for s in args.seeds.split(",")], int(args.tokens.split(",")[0])
+    scratch = tempfile.TemporaryDirectory(prefix="vs-trl-")  # what the sides and the server leave: removed at the end
+    atexit.register(scratch.cleanup)
+    os.environ["TMPDIR"] = tempfile.tempdir = scratch.name
     peak = matmul_gflops(args.threads)
     print(f"float32 matmul, 2048², {args.threads} threads: {peak:.1f} GFLOP/s", flush=True)
     with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as model_dir:
