@@ -120,7 +120,11 @@ def held_out_scores(model, tokenizer, cfg, tasks, reward_fn) -> list[float]:
 
 
 def accuracy(model, tokenizer, cfg, tasks, reward_fn) -> float:
-    scores = held_out_scores(model, tokenizer, cfg, tasks, reward_fn)
+    return correct_share(held_out_scores(model, tokenizer, cfg, tasks, reward_fn))
+
+
+def correct_share(scores: list[float]) -> float:
+    """Held-out accuracy: the share of rewards of 1."""
     return sum(s >= 1.0 for s in scores) / len(scores)
 
 
@@ -264,7 +268,7 @@ def side_trl(cfg, args) -> dict:
     scores = held_out_scores(model, tokenizer, cfg, taskset.held_out, reward_fn)
     phases = {"decode": tokens.decode_s, "reward": spent["reward"], "train": seconds - spent["prepare"], "sync": 0.0,
               "other": spent["prepare"] - tokens.decode_s - spent["reward"]}
-    return {"seconds": seconds, "accuracy": sum(x >= 1.0 for x in scores) / len(scores), "scores": scores,
+    return {"seconds": seconds, "accuracy": correct_share(scores), "scores": scores,
             "response_tokens": mean(lengths) if len(lengths) == args.steps else float("nan"),
             "phases": phases, "tokens": tokens.report(), "flops": tokens.model_flops(matmul_params(model))}
 
@@ -358,9 +362,9 @@ def side_loop(cfg, args) -> dict:
         scores = held_out_scores(policy, campaign.tokenizer, cfg, taskset.held_out, reward_fn)
         phases = {"decode": tokens.decode_s, "reward": spent[Step.VERIFY], "train": spent[Step.TRAIN],
                   "sync": spent[Step.SYNC], "other": spent[Step.EXPLORE] - tokens.decode_s + spent[Step.BUFFER]}
-        return {"seconds": seconds, "accuracy": sum(x >= 1.0 for x in scores) / len(scores), "scores": scores,
+        return {"seconds": seconds, "accuracy": correct_share(scores), "scores": scores,
                 "response_tokens": mean(lengths), "phases": phases, "tokens": tokens.report(),
-                "start_accuracy": sum(x >= 1.0 for x in start_scores) / len(start_scores),
+                "start_accuracy": correct_share(start_scores),
                 "flops": tokens.model_flops(matmul_params(campaign.trainer.unwrapped))}
 
 
