@@ -340,7 +340,6 @@ class VLLMRolloutEngine:
         params = SamplingParams(n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
                                 top_p=1.0, top_k=-1, logprobs=0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False)
-        stops = self.stop_ids
         groups = []
         for ids, out in zip(encoded, outputs):
             group = []
@@ -349,7 +348,8 @@ class VLLMRolloutEngine:
                 logprobs = [lp[t].logprob for t, lp in zip(response, c.logprobs)]
                 group.append(Rollout(prompt_ids=ids, response_ids=response, logprobs=logprobs,
                                      text=self.tokenizer.decode(response, skip_special_tokens=True),
-                                     finished=c.finish_reason == "stop" and bool(stops & set(response))))
+                                     finished=c.finish_reason == "stop" and bool(response)
+                                     and response[-1] in self.stop_ids))
             groups.append(group)
         return groups
 
