@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,24 +30,40 @@ def _start(cli_env, config, run_dir: Path, mode: str, shared: list[str]) -> subp
 
 
 def _campaign(cli_env, tmp_path, default_config, small, on_poll=None) -> dict[str, tuple[int, str]]:
-    """Trainer + two explorers until all end (``on_poll(procs)`` between looks); each one's (exit code, output)."""
+    """Two explorers, then — once both have begun their flow runs, so that both are there when the
+    trainer's taskset and weights open round 1 — the trainer, until all end (``on_poll(procs)``
+    between looks); each one's (exit code, output)."""
     store = (tmp_path / "store").as_uri()
     shared = [*small, f"rounds={ROUNDS}", "sync.method=checkpoint", "sync.offset=1", "algorithm.max_staleness=1",
               "trainer.warmup_steps=10", "eval.every=4", "checkpoint.every=4", f"storage.url={store}", "threads=1",
               "sync.timeout_seconds=300", "explorer.shards=2", "explorer.lease_seconds=5",
               f"explorer.tasks_per_round={TASKS}", f"explorer.repeat_times={REPEAT}", "explorer.max_new_tokens=48"]
-    procs = {name: _start(cli_env, default_config, tmp_path / name, mode, shared)
-             for name, mode in (("explorer-a", "explore"), ("explorer-b", "explore"), ("trainer", "train"))}
+    procs, lines = {}, {}
+
+    def start(name: str, mode: str) -> None:
+        procs[name] = _start(cli_env, default_config, tmp_path / name, mode, shared)
+        lines[name] = []
+        threading.Thread(target=lambda: lines[name].extend(procs[name].stdout), daemon=True).start()
+
+    start("explorer-a", "explore")
+    start("explorer-b", "explore")
     outputs: dict[str, tuple[int, str]] = {}
-    while len(outputs) < len(procs):
+    while len(outputs) < 3:
+        if "trainer" not in procs and all(any("Beginning flow run" in line for line in lines[name])
+                                          for name in ("explorer-a", "explorer-b")):
+            start("trainer", "train")
         if on_poll is not None:
             on_poll(procs)
         for name, proc in procs.items():
             if name not in outputs and proc.poll() is not None:
-                outputs[name] = (proc.returncode, proc.stdout.read())
+                proc.wait()
+                time.sleep(0.2)  # the reader thread takes the last lines
+                outputs[name] = (proc.returncode, "".join(lines[name]))
                 if proc.returncode not in (0, -signal.SIGKILL):  # one failing: the others are stopped
                     for other in procs.values():
                         other.poll() is None and os.killpg(other.pid, signal.SIGTERM)
+                    if "trainer" not in procs:
+                        return outputs
         time.sleep(0.02)
     return outputs
 
