@@ -192,7 +192,7 @@ def trl_trainer(cfg, args):
     output_dir = tempfile.mkdtemp(prefix="vs-trl-")
     atexit.register(shutil.rmtree, output_dir, True)  # TRL writes nothing there (save_strategy "no"), but makes it
     config = GRPOConfig(
-        output_dir=output_dir, use_cpu=True, seed=args.seed, max_steps=args.steps,
+        output_dir=output_dir, use_cpu=not torch.cuda.is_available(), seed=args.seed, max_steps=args.steps,
         per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP, max_completion_length=args.tokens,
         temperature=1.0, top_k=0, top_p=1.0, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, max_grad_norm=1.0, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
@@ -246,7 +246,7 @@ def side_trl(cfg, args) -> dict:
         tokens.decode_s += time.perf_counter() - start
         width = kw["input_ids"].shape[1]
         completion = out[:, width:]
-        ended = torch.isin(completion, eos)
+        ended = torch.isin(completion, eos.to(completion.device))
         lengths_ = torch.where(ended.any(1), ended.int().argmax(1) + 1, completion.shape[1])
         tokens.add(kw["attention_mask"].sum(1).tolist(), lengths_.tolist(), GROUP)
         tokens.add_prompts([ids[mask.bool()].tolist() for ids, mask in
@@ -615,15 +615,31 @@ def main() -> None:
 
 
 def matmul_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
-    """This machine's float32 matmul rate at ``threads`` torch threads: the best of ``repeats``
-    (size x size) @ (size x size) products, 2 size³ FLOPs each."""
+    """The float32 matmul rate where the sides compute: the best of ``repeats`` (size x size) @
+    (size x size) products, 2 size³ FLOPs each, at ``threads`` torch threads (on a GPU, if there
+    is one: 8192², TF32 off as in both sides' float32 work)."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    best = min(_timed(torch.mm, a, b) for _ in range(repeats))
+    cuda = torch.cuda.is_available()
+    size = 8192 if cuda else size
+    a, b = (torch.randn(size, size, device="cuda" if cuda else "cpu") for _ in range(2))
+
+    def product() -> None:
+        torch.mm(a, b)
+        if cuda:
+            torch.cuda.synchronize()
+
+    product()
+    best = min(_timed(product) for _ in range(repeats))
     return 2 * size ** 3 / best / 1e9
+
+
+def where() -> str:
+    """Where the sides compute, for the printed figures."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
 
 
 def _timed(fn, *args) -> float:
@@ -645,7 +661,7 @@ def compare_on_model(args) -> None:
     atexit.register(scratch.cleanup)
     os.environ["TMPDIR"] = tempfile.tempdir = scratch.name
     peak = matmul_gflops(args.threads)
-    print(f"float32 matmul, 2048², {args.threads} threads: {peak:.1f} GFLOP/s", flush=True)
+    print(f"float32 matmul on {where()}, {args.threads} threads: {peak:.1f} GFLOP/s", flush=True)
     with tempfile.TemporaryDirectory(prefix="vs-trl-model-") as model_dir:
         torch.set_num_threads(args.threads)
         model, tokenizer = load_model(args.model)  # a GGUF de-quantized here once: both sides load this directory
@@ -671,7 +687,7 @@ def compare_on_model(args) -> None:
                           f"{json.dumps({k: round(v, 1) for k, v in r.get('phases', {}).items()})}", flush=True)
     peak_after = matmul_gflops(args.threads)
     print(f"\n{args.model}: {args.steps} steps of {PROMPTS} prompts x {GROUP} responses, up to {tokens} new tokens, "
-          f"lr {args.lr:g}, beta 0, float32, {args.threads} threads, seeds {args.seeds}; matmul peak {peak:.1f} GFLOP/s "
+          f"lr {args.lr:g}, beta 0, float32, {where()}, {args.threads} threads, seeds {args.seeds}; matmul peak {peak:.1f} GFLOP/s "
           f"before the runs, {peak_after:.1f} after; medians over seeds (range)\n")
     print("| side | samples/s (range) | response tokens | s/step: decode | reward + contract | train | sync | other "
           "| decode GFLOP/s | train GFLOP/s | model GFLOP/s | % of matmul peak | vs TRL |\n"

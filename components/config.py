@@ -394,8 +394,9 @@ class SyncConfig(_Section):
         "experiences) before failing in one line.",
     )
     check: bool = Field(True, description="After each sync (trainer and explorer in one process), check that the "
-                        "explorer holds what was published: the weight version and, where the engine can say "
-                        "(`hf`), the sha256 of the trained tensors; a sync that did not arrive fails the round.")
+                        "explorer holds what was published: the weight version and, where the engine holds the weights "
+                        "(`hf`), the bytes of the trained tensors (a mismatch reports each side's sha256); a sync "
+                        "that did not arrive fails the round.")
     check_logprobs_every: int = Field(
         10, ge=0, description="Every N-th checked sync (the first too) also compares the explorer's log-probs of "
         "16 tokens it samples with the trainer's for the same tokens (0: never).",

@@ -5,7 +5,8 @@ greedy=)`` → groups of ``Rollout`` (token ids and each sampled token's log-pro
 out, so a multi-turn workflow extends a context without re-tokenising it), ``generate(prompts, …)``
 (the same on text prompts' encodings), and
 ``load_state_dict(weights)``, which weight sync calls with the trainer's newest weights (and, where
-the engine holds the weights itself, ``weights_digest(names)``, which the sync check compares).
+the engine holds the weights itself, ``holds(weights, names)``, which the sync check asks, and
+``weights_digest(names)``, which a failed check reports).
 
 - ``hf``: a transformers model in this process, a batched decode loop with a KV cache.
 - ``openai``: OpenAI-compatible completions servers (``vllm serve``; one, or a pool of replicas), over HTTP.
@@ -85,6 +86,12 @@ class HFRolloutEngine:
     @functools.cached_property
     def _tensors(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict(keep_vars=True)
+
+    def holds(self, weights: Mapping[str, torch.Tensor], names: Iterable[str]) -> bool:
+        """Whether this engine samples with exactly the named ``weights`` (``same_bits``, each tensor
+        where this engine holds it: on a GPU, no copy to the host)."""
+        own = self._tensors
+        return all(same_bits(own[name], weights[name]) for name in names)
 
     def weights_digest(self, names: list[str]) -> str:
         """sha256 of the named tensors this engine samples with (``weights_digest``)."""
@@ -378,6 +385,19 @@ def weights_digest(weights: Mapping[str, torch.Tensor], names: Iterable[str]) ->
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.view(torch.uint8).numpy().data if tensor.numel() else b"")  # the bytes, not a copy
     return digest.hexdigest()
+
+
+_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def same_bits(mine: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether ``other`` has ``mine``'s dtype, shape and bytes, compared on ``mine``'s device as
+    integers of the element's size (the bytes that ``weights_digest`` hashes, at a fraction of its
+    cost: no hashing, and on a GPU no copy to the host)."""
+    if mine.dtype != other.dtype or mine.shape != other.shape:
+        return False
+    bits = _SAME_SIZE_INTS[mine.element_size()]
+    return torch.equal(mine.detach().reshape(-1).view(bits), other.detach().to(mine.device).reshape(-1).view(bits))
 
 
 def cpu_copies(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -20,7 +20,6 @@ explorer share a process: a sync that did not arrive fails the round in one line
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -107,22 +106,20 @@ class StoreWeightSync:
 def check_sync(trainer, engine, version: int, explorer_version: int, probe: Sequence[int], *,
                logprobs: bool, tolerance: float, temperature: float) -> dict[str, float]:
     """After a sync, that the explorer holds what the trainer published, or ``SyncMismatch`` in one
-    line: the weight version both report; the sha256 of the trained tensors both hold (engines that
-    can say: ``hf``; a server cannot); and, with ``logprobs``, the explorer's log-probs of
-    ``PROBE_TOKENS`` tokens it samples after ``probe`` equal the trainer's for the same tokens,
-    max |Δ| ≤ ``tolerance`` nats (on each live replica of a server pool). Returns the check's metrics."""
+    line: the weight version both report; the trained tensors' bytes the same on both sides (engines
+    that hold them in this process: ``hf``; a server cannot), else the sha256 of each side's; and,
+    with ``logprobs``, the explorer's log-probs of ``PROBE_TOKENS`` tokens it samples after
+    ``probe`` equal the trainer's for the same tokens, max |Δ| ≤ ``tolerance`` nats (on each live
+    replica of a server pool). Returns the check's metrics."""
     if explorer_version != version:
         raise SyncMismatch(f"weight sync: the explorer holds version {explorer_version}, the trainer published "
                            f"{version}")
-    names, held = trainer.trained_names(), None
-    if hasattr(engine, "weights_digest"):  # both sides hashed at once: hashlib lets go of the GIL
-        with ThreadPoolExecutor(1) as pool:
-            explorers = pool.submit(engine.weights_digest, names)
-            published = weights_digest(trainer.policy_weights(), names)
-            held = explorers.result()
-    if held is not None and held != published:
+    names = trainer.trained_names()
+    # an engine that holds the weights compares them (None: it cannot say, as a server cannot)
+    if hasattr(engine, "holds") and engine.holds(published := trainer.policy_weights(), names) is False:
         raise SyncMismatch(f"weight sync of version {version} did not arrive: the explorer's weights have sha256 "
-                           f"{held[:12]}, the trainer published {published[:12]}")
+                           f"{engine.weights_digest(names)[:12]}, the trainer published "
+                           f"{weights_digest(published, names)[:12]}")
     metrics = {"sync/checked": 1.0}
     if logprobs:
         worst = 0.0

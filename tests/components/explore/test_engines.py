@@ -120,3 +120,18 @@ def test_a_response_ends_at_any_eos_id_of_the_generation_config(tiny):
     listing.generation_config.eos_token_id = [tok.eos_token_id, first]
     [[cut]] = HFRolloutEngine(listing, tok).generate(["12+3="], n=1, max_new_tokens=8, greedy=True)
     assert cut.response_ids == [first] and cut.finished
+
+
+def test_same_bits_compares_the_bytes_a_digest_hashes():
+    from rftflow.components.explore.engines import same_bits, weights_digest
+
+    a = torch.tensor([[1.0, -0.0], [float("nan"), 3.5]])
+    assert same_bits(a, a.clone())  # a NaN is its own bit pattern
+    assert not same_bits(a, torch.tensor([[1.0, 0.0], [float("nan"), 3.5]]))  # -0.0 is not 0.0
+    assert not same_bits(a, a.double()) and not same_bits(a, a.reshape(4))
+    for dtype in (torch.bfloat16, torch.int64, torch.uint8):
+        b = torch.arange(6).reshape(2, 3).to(dtype)
+        changed = b.clone()
+        changed[1, 2] += 1
+        assert same_bits(b, b.clone()) and not same_bits(b, changed)
+        assert (weights_digest({"w": b}, ["w"]) == weights_digest({"w": changed}, ["w"])) == same_bits(b, changed)
