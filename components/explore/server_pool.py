@@ -4,7 +4,11 @@ Requests go to the live replica with the fewest outstanding requests (ties: the 
 served fewest), so a slow or busy replica gets less work than blind round-robin would give it.
 A replica that fails at the transport level (refused, reset, closed mid-answer: the server died)
 is marked down and the request is sent again to another: each request's answer is kept once, so
-nothing is lost or duplicated. A sync goes to every live replica; a replica that is down is asked
+nothing is lost or duplicated. A replica that hangs (accepts, never answers: a frozen server) is
+found by its ``/health``: while a request or sync waits on it, the replica is asked every
+``HEALTH_SECONDS``, and one that does not answer within ``HEALTH_TIMEOUT`` is marked down the same
+way (the request is sent again; its late answer, if one comes, is dropped). vLLM answers
+``/health`` while it generates, so a busy replica is not a hung one. A sync goes to every live replica; a replica that is down is asked
 ``/health`` again at most every ``REVIVE_SECONDS`` and, once it answers, gets the newest sync
 again before it serves (a restarted server starts from the model directory's weights).
 
@@ -16,12 +20,14 @@ machines, which is what failover and scale-out need.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import httpx
 
@@ -29,13 +35,20 @@ from rftflow.components.secrets import redact_url
 
 log = logging.getLogger("rftflow")
 REVIVE_SECONDS = 5.0  # how often a replica that is down is asked whether it is back
+HEALTH_SECONDS = 10.0  # how long a request waits on a replica before the replica is asked /health (and again)
+HEALTH_TIMEOUT = 5.0  # a replica that does not answer /health in this long is hung: marked down
 REQUESTS_PER_REPLICA = 2  # a round's prompts are cut into this many requests per live replica (with several)
 
+T = TypeVar("T")
 Sync = Callable[["Replica"], None]  # brings one replica to the newest weights (the last sync, replayed)
 
 
 class ServersDown(RuntimeError):
     """No replica of the pool answers; the message names each and why, in one line."""
+
+
+class Hung(httpx.TransportError):
+    """A replica that accepted a request and answers neither it nor ``/health``."""
 
 
 class Replica:
@@ -52,6 +65,34 @@ class Replica:
 
     def post(self, path: str, body: dict) -> httpx.Response:
         return self.client.post(path, json=body)
+
+    def watched(self, call: Callable[[], T]) -> T:
+        """``call()`` (a request to this replica), in a thread of its own while this one asks
+        ``/health`` every ``HEALTH_SECONDS`` it waits; ``Hung`` when the health check gets no
+        answer (the call is left behind: whatever it returns later is dropped)."""
+        done, outcome = threading.Event(), {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = call()
+            except BaseException as e:  # handed to the waiting thread
+                outcome["error"] = e
+            done.set()
+
+        threading.Thread(target=run, name="rftflow-request", daemon=True).start()
+        waited = 0.0
+        while not done.wait(HEALTH_SECONDS):
+            waited += HEALTH_SECONDS
+            try:
+                self.client.get("/health", timeout=HEALTH_TIMEOUT)
+            except httpx.TransportError as e:
+                if done.is_set():  # it answered meanwhile
+                    break
+                raise Hung(f"no answer to /health within {HEALTH_TIMEOUT:.0f} s after a request waited "
+                           f"{waited:.0f} s ({type(e).__name__})") from None
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
 
 class ServerPool:
@@ -93,7 +134,7 @@ class ServerPool:
         while True:
             replica = self._take(only)
             try:
-                response = replica.post(path, body)
+                response = replica.watched(functools.partial(replica.post, path, body))
             except httpx.TransportError as e:
                 self._down(replica, e)
                 if only is not None:
@@ -145,7 +186,7 @@ class ServerPool:
                 if replica.client.get("/health", timeout=2.0).status_code != 200:
                     continue
                 if self._last_sync is not None:
-                    self._last_sync(replica)
+                    replica.watched(functools.partial(self._last_sync, replica))
             except httpx.TransportError:
                 continue
             with self._lock:
@@ -159,8 +200,8 @@ class ServerPool:
         self._last_sync = each
         for replica in self.live:
             try:
-                each(replica)
-            except httpx.TransportError as e:
+                replica.watched(functools.partial(each, replica))
+            except httpx.TransportError as e:  # Hung too
                 self._down(replica, e)
         if not self.live:
             raise self._all_down()

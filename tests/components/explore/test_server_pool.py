@@ -85,3 +85,39 @@ def test_a_server_killed_mid_round_loses_nothing_and_one_that_comes_back_is_sync
     assert victim.up and victim.served > served_before
     assert metrics["sync/checked"] == 1.0 and metrics["sync/logprob_max_diff"] < 1e-3
     assert campaign.store.read_kind("usual", 2).num_rows == tasks * repeat
+
+
+@pytest.mark.slow
+def test_a_frozen_server_is_found_by_its_health_and_its_requests_go_to_the_other(servers, tiny, monkeypatch):
+    """A server SIGSTOPped mid-request (it accepts and never answers) is marked down once it does not
+    answer ``/health`` either, and its requests are answered by the other: every group once."""
+    import os
+    import signal
+
+    from rftflow.components.explore import server_pool
+    from rftflow.components.explore.engines import OpenAIRolloutEngine
+
+    monkeypatch.setattr(server_pool, "HEALTH_SECONDS", 2.0)  # the first health check sooner than 10 s
+    engine = OpenAIRolloutEngine([s.url for s in servers], "tiny", tiny[1])
+    victim, frozen = engine.pool.replicas[0], []
+
+    def freeze_when_busy() -> None:
+        deadline = time.monotonic() + 120
+        while victim.outstanding == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        os.killpg(servers[0].proc.pid, signal.SIGSTOP)
+        frozen.append(victim.outstanding)
+
+    freezer = threading.Thread(target=freeze_when_busy)
+    freezer.start()
+    prompts = [f"{a} + {a + 1} =" for a in range(48)]
+    try:
+        groups = engine.generate(prompts, n=3, max_new_tokens=32)
+    finally:
+        freezer.join()
+        os.killpg(servers[0].proc.pid, signal.SIGCONT)
+    assert frozen and frozen[0] >= 1  # it held requests when it froze
+    assert not victim.up and victim.failure.startswith("Hung: no answer to /health"), victim.failure
+    assert [len(g) for g in groups] == [3] * 48
+    assert all(r.prompt_ids == engine.encode(p) for p, g in zip(prompts, groups) for r in g)
+    assert engine.pool.replicas[1].served >= 3  # its own two requests and the frozen one's
