@@ -651,9 +651,8 @@ def _timed(fn, *args) -> float:
 def compare_on_model(args) -> None:
     """TRL and rftflow's loop on a pretrained model, one run per side per seed (sides interleaved):
     samples/s, the time and model FLOPs by phase, held-out accuracy paired by task and seed."""
+    import rftflow.flows  # noqa: F401  (quiet defaults: before torch imports tqdm)
     import torch
-
-    import rftflow.flows  # noqa: F401
     from rftflow.components.explore.models import load_model
 
     sides, seeds, tokens = (args.sides or "trl,loop").split(","), [int(s) for s in args.seeds.split(",")], int(args.tokens.split(",")[0])
