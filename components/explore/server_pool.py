@@ -8,9 +8,11 @@ nothing is lost or duplicated. A replica that hangs (accepts, never answers: a f
 found by its ``/health``: while a request or sync waits on it, the replica is asked every
 ``HEALTH_SECONDS``, and one that does not answer within ``HEALTH_TIMEOUT`` is marked down the same
 way (the request is sent again; its late answer, if one comes, is dropped). vLLM answers
-``/health`` while it generates, so a busy replica is not a hung one. A sync goes to every live replica; a replica that is down is asked
-``/health`` again at most every ``REVIVE_SECONDS`` and, once it answers, gets the newest sync
-again before it serves (a restarted server starts from the model directory's weights).
+``/health`` while it generates, so a busy replica is not a hung one.
+
+A sync goes to every live replica; a replica that is down is asked ``/health`` again at most
+every ``REVIVE_SECONDS`` and, once it answers, gets the newest sync again before it serves (a
+restarted server starts from the model directory's weights).
 
 vLLM's own data-parallel serving (``--data-parallel-size``) is one server with several engine
 processes on one node: it dies as a whole, and its ``/collective_rpc`` weight reload reaches
@@ -68,7 +70,7 @@ class Replica:
 
     def watched(self, call: Callable[[], T]) -> T:
         """``call()`` (a request to this replica), in a thread of its own while this one asks
-        ``/health`` every ``HEALTH_SECONDS`` it waits; ``Hung`` when the health check gets no
+        ``/health`` every ``HEALTH_SECONDS`` it waits; ``Hung`` when the health check gets no 200
         answer (the call is left behind: whatever it returns later is dropped)."""
         done, outcome = threading.Event(), {}
 
@@ -84,12 +86,12 @@ class Replica:
         while not done.wait(HEALTH_SECONDS):
             waited += HEALTH_SECONDS
             try:
-                self.client.get("/health", timeout=HEALTH_TIMEOUT)
+                status = self.client.get("/health", timeout=HEALTH_TIMEOUT).status_code
+                failed = None if status == 200 else f"/health answered HTTP {status}"
             except httpx.TransportError as e:
-                if done.is_set():  # it answered meanwhile
-                    break
-                raise Hung(f"no answer to /health within {HEALTH_TIMEOUT:.0f} s after a request waited "
-                           f"{waited:.0f} s ({type(e).__name__})") from None
+                failed = f"no answer to /health within {HEALTH_TIMEOUT:.0f} s ({type(e).__name__})"
+            if failed and not done.is_set():  # (the request may have been answered meanwhile)
+                raise Hung(f"{failed} after a request waited {waited:.0f} s")
         if "error" in outcome:
             raise outcome["error"]
         return outcome["value"]
