@@ -68,6 +68,14 @@ class Replica:
     def post(self, path: str, body: dict) -> httpx.Response:
         return self.client.post(path, json=body)
 
+    def unhealthy(self, timeout: float) -> str | None:
+        """Why ``/health`` does not say this replica is up within ``timeout`` s; None if it does."""
+        try:
+            status = self.client.get("/health", timeout=timeout).status_code
+        except httpx.TransportError as e:
+            return f"no answer to /health within {timeout:.0f} s ({type(e).__name__})"
+        return None if status == 200 else f"/health answered HTTP {status}"
+
     def watched(self, call: Callable[[], T]) -> T:
         """``call()`` (a request to this replica), in a thread of its own while this one asks
         ``/health`` every ``HEALTH_SECONDS`` it waits; ``Hung`` when the health check gets no 200
@@ -85,11 +93,7 @@ class Replica:
         waited = 0.0
         while not done.wait(HEALTH_SECONDS):
             waited += HEALTH_SECONDS
-            try:
-                status = self.client.get("/health", timeout=HEALTH_TIMEOUT).status_code
-                failed = None if status == 200 else f"/health answered HTTP {status}"
-            except httpx.TransportError as e:
-                failed = f"no answer to /health within {HEALTH_TIMEOUT:.0f} s ({type(e).__name__})"
+            failed = self.unhealthy(HEALTH_TIMEOUT)
             if failed and not done.is_set():  # (the request may have been answered meanwhile)
                 raise Hung(f"{failed} after a request waited {waited:.0f} s")
         if "error" in outcome:
@@ -184,9 +188,9 @@ class ServerPool:
             if replica.up or time.monotonic() - replica.probed_at < REVIVE_SECONDS:
                 continue
             replica.probed_at = time.monotonic()
+            if replica.unhealthy(timeout=2.0):
+                continue
             try:
-                if replica.client.get("/health", timeout=2.0).status_code != 200:
-                    continue
                 if self._last_sync is not None:
                     replica.watched(functools.partial(self._last_sync, replica))
             except httpx.TransportError:

@@ -38,12 +38,13 @@ def _campaign(cli_env, tmp_path, default_config, small, on_poll=None) -> dict[st
               "trainer.warmup_steps=10", "eval.every=4", "checkpoint.every=4", f"storage.url={store}", "threads=1",
               "sync.timeout_seconds=300", "explorer.shards=2", "explorer.lease_seconds=5",
               f"explorer.tasks_per_round={TASKS}", f"explorer.repeat_times={REPEAT}", "explorer.max_new_tokens=48"]
-    procs, lines = {}, {}
+    procs, lines, readers = {}, {}, {}
 
     def start(name: str, mode: str) -> None:
         procs[name] = _start(cli_env, default_config, tmp_path / name, mode, shared)
         lines[name] = []
-        threading.Thread(target=lambda: lines[name].extend(procs[name].stdout), daemon=True).start()
+        readers[name] = threading.Thread(target=lambda: lines[name].extend(procs[name].stdout), daemon=True)
+        readers[name].start()
 
     start("explorer-a", "explore")
     start("explorer-b", "explore")
@@ -56,8 +57,7 @@ def _campaign(cli_env, tmp_path, default_config, small, on_poll=None) -> dict[st
             on_poll(procs)
         for name, proc in procs.items():
             if name not in outputs and proc.poll() is not None:
-                proc.wait()
-                time.sleep(0.2)  # the reader thread takes the last lines
+                readers[name].join(timeout=60)  # its output to the end (the pipe closes with the process group)
                 outputs[name] = (proc.returncode, "".join(lines[name]))
                 if proc.returncode not in (0, -signal.SIGKILL):  # one failing: the others are stopped
                     for other in procs.values():
