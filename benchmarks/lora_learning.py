@@ -6,7 +6,7 @@ held-out tasks). Its warm start (full-weight SFT on demonstrations) makes one ba
 LoRA adapter trains on a model that has learnt something, as it does in practice, and a
 random-init tiny model under LoRA could not learn at all (its tied embeddings and final norm stay
 frozen). From that base a LoRA campaign (rank ``--rank``, alpha ``--alpha``, learning rate
-``--lora-lr`` falling to a fiftieth of it, as the config's does) and a full-weight campaign (the
+``--lora-lr`` falling to the same share of it as the config's rate does) and a full-weight campaign (the
 config's learning rates) each run the same ``--rounds`` rounds. One JSON line per seed and variant: held-out
 accuracy before and after, the mean sampled reward of the first and of the last 10 rounds, the
 seconds of the rounds.
@@ -30,22 +30,24 @@ from rftflow.components.campaign.stages import Campaign
 COMMON = ["promotion.after_campaign=false", "checkpoint.every=100000"]
 
 
-def base_model(args: argparse.Namespace, seed: int, root: Path) -> Path:
-    """The config's warm start with full weights, saved as the seed's base model."""
+def base_model(args: argparse.Namespace, seed: int, root: Path) -> tuple[Path, float | None]:
+    """The config's warm start with full weights, saved as the seed's base model; and the config's
+    min_lr / lr, the share of its rate the rounds fall to (None: a constant rate)."""
     base = Campaign(args.config, root / f"base-{seed}", [f"seed={seed}", f"threads={args.threads}", *COMMON])
     base.prepare()
     base.warm_start()
     out = root / f"base-model-{seed}"
     base.trainer.unwrapped.save_pretrained(out)
     base.tokenizer.save_pretrained(out)
-    return out
+    trainer = base.cfg.trainer
+    return out, (trainer.min_lr / trainer.lr if trainer.min_lr is not None else None)
 
 
 def run(args: argparse.Namespace, seed: int, root: Path):
     """(variant, its figures) for LoRA, then full weights, from the seed's base."""
-    base = base_model(args, seed, root)
+    base, falls_to = base_model(args, seed, root)
     variants = {"LoRA": [f"model.lora={{rank: {args.rank}, alpha: {args.alpha}}}", f"trainer.lr={args.lora_lr}",
-                         f"trainer.min_lr={args.lora_lr / 50}"],
+                         *([f"trainer.min_lr={args.lora_lr * falls_to}"] if falls_to is not None else [])],
                 "full": []}
     for name, overrides in variants.items():
         c = Campaign(args.config, root / f"{name}-{seed}", [
