@@ -42,7 +42,8 @@ def main() -> None:
         campaign.warm_start()
         workflow, engine = campaign.workflow, campaign.engine
         tasks = campaign.train_tasks[:args.tasks]
-        sampling = Sampling(max_new_tokens=campaign.cfg.explorer.max_new_tokens)
+        sampling = Sampling(max_new_tokens=campaign.cfg.explorer.max_new_tokens,
+                            temperature=campaign.cfg.explorer.temperature)
         n = len(tasks) * args.repeat_times
 
         def batched() -> list:
@@ -66,8 +67,8 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
             wall = statistics.median(times)
             results[name] = (n / wall, episodes, wall, statistics.median(env) if env else None)
-        print(f"guess-number, builtin:tiny, {args.tasks} tasks x {args.repeat_times} episodes, "
-              f"{args.threads} thread(s), median of {args.repeats}")
+        print(f"guess-number, builtin:tiny, {args.tasks} tasks x {args.repeat_times} episodes at temperature "
+              f"{sampling.temperature:g}, {args.threads} thread(s), median of {args.repeats}")
         for name, (rate, episodes, wall, _) in results.items():
             turns = sum(e.model_turns for e in episodes) / len(episodes)
             print(f"  {name:14s} {rate:8.1f} episodes/s   {turns:.2f} model turns/episode   {wall:.2f} s")
