@@ -26,28 +26,28 @@ from pathlib import Path
 
 import rftflow.flows  # noqa: F401  (quiet defaults, before transformers draws a bar; imports no service)
 from rftflow.components.campaign.stages import Campaign
+from rftflow.components.config import load_config
 
 COMMON = ["promotion.after_campaign=false", "checkpoint.every=100000"]
 
 
-def base_model(args: argparse.Namespace, seed: int, root: Path) -> tuple[Path, float | None]:
-    """The config's warm start with full weights, saved as the seed's base model; and the config's
-    min_lr / lr, the share of its rate the rounds fall to (None: a constant rate)."""
+def base_model(args: argparse.Namespace, seed: int, root: Path) -> Path:
+    """The config's warm start with full weights, saved as the seed's base model."""
     base = Campaign(args.config, root / f"base-{seed}", [f"seed={seed}", f"threads={args.threads}", *COMMON])
     base.prepare()
     base.warm_start()
     out = root / f"base-model-{seed}"
     base.trainer.unwrapped.save_pretrained(out)
     base.tokenizer.save_pretrained(out)
-    trainer = base.cfg.trainer
-    return out, (trainer.min_lr / trainer.lr if trainer.min_lr is not None else None)
+    return out
 
 
 def run(args: argparse.Namespace, seed: int, root: Path):
     """(variant, its figures) for LoRA, then full weights, from the seed's base."""
-    base, falls_to = base_model(args, seed, root)
-    variants = {"LoRA": [f"model.lora={{rank: {args.rank}, alpha: {args.alpha}}}", f"trainer.lr={args.lora_lr}",
-                         *([f"trainer.min_lr={args.lora_lr * falls_to}"] if falls_to is not None else [])],
+    base = base_model(args, seed, root)
+    trainer = load_config(args.config).trainer  # the adapter's rate falls to the same share of it (min_lr / lr)
+    floor = [f"trainer.min_lr={args.lora_lr * trainer.min_lr / trainer.lr}"] if trainer.min_lr is not None else []
+    variants = {"LoRA": [f"model.lora={{rank: {args.rank}, alpha: {args.alpha}}}", f"trainer.lr={args.lora_lr}", *floor],
                 "full": []}
     for name, overrides in variants.items():
         c = Campaign(args.config, root / f"{name}-{seed}", [

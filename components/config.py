@@ -234,7 +234,9 @@ class ExplorerConfig(_Section):
 
     tasks_per_round: int = Field(32, gt=0, description="Tasks sampled per round.")
     repeat_times: int = Field(8, gt=0, description="Responses per task: the GRPO group size.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature. The trainer takes its log-probs, and every loss (the warm start's SFT included), at the same temperature, so the behaviour log-probs stay on-policy.")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature. The trainer takes its log-probs, and every loss (the warm "
+        "start's SFT included), at the same temperature, so the behaviour log-probs stay on-policy.")
     max_new_tokens: int = Field(16, gt=0, description="Longest response, in tokens.")
     batch_size: int = Field(256, gt=0, description="Sequences generated per forward batch.")
     task_selector: Literal["sequential", "shuffle", "random", "curriculum"] = Field(
