@@ -148,16 +148,20 @@ class Sandbox:
             raise ValueError(f"sandbox kind {kind!r}: expected 'bwrap' or 'none'")
         self.limits, self.kind = limits or Limits(), kind
         self.user = _nobody()
+        # the tools, found once on the caller's PATH: the sandbox's own PATH (/usr/bin:/bin) is not
+        # the one they were checked on, so the command names them by their absolute paths
+        names = ("bwrap",) * (kind == "bwrap") + ("setpriv",) * (self.user is not None) + ("prlimit",)
+        self.tools = {name: shutil.which(name) for name in names}
         self.python = python or _interpreter(self.user is not None)
 
     def check(self) -> None:
         """Raise ``SandboxUnavailable`` if a trivial program does not run in the sandbox."""
-        if self.kind == "bwrap" and shutil.which("bwrap") is None:
+        if "bwrap" in self.tools and self.tools["bwrap"] is None:
             raise SandboxUnavailable("the code sandbox needs bubblewrap (`bwrap`), which is not installed: "
                                      "`apt-get install bubblewrap` (or reward.code.sandbox: none to run code "
                                      "without a sandbox, at your own risk)")
-        for tool in ("prlimit", "setpriv") if self.user else ("prlimit",):
-            if shutil.which(tool) is None:
+        for tool, path in self.tools.items():
+            if path is None:
                 raise SandboxUnavailable(f"the code sandbox needs `{tool}` (util-linux), which is not installed")
         run = self.run("print(6 * 7)")
         if not run.ok or run.stdout.strip() != "42":
@@ -165,17 +169,19 @@ class Sandbox:
 
     def _command(self, work: Path, started_fd: int) -> list[str]:
         lim = self.limits
-        prlimit = ["prlimit", f"--cpu={lim.cpu_seconds}:{lim.cpu_seconds + 1}", f"--as={lim.memory_mb * 2**20}",
+        tool = {name: path or name for name, path in self.tools.items()}  # a missing one fails at Popen
+        prlimit = [tool["prlimit"], f"--cpu={lim.cpu_seconds}:{lim.cpu_seconds + 1}", f"--as={lim.memory_mb * 2**20}",
                    f"--fsize={lim.file_mb * 2**20}", f"--nofile={lim.open_files}", "--core=0", "--"]
         python = [self.python, "-I", "-S", "-c", LAUNCHER, str(started_fd), str(lim.processes)]
         if self.user:
-            prlimit = ["setpriv", f"--reuid={self.user[0]}", f"--regid={self.user[1]}", "--clear-groups", *prlimit]
+            prlimit = [tool["setpriv"], f"--reuid={self.user[0]}", f"--regid={self.user[1]}", "--clear-groups",
+                       *prlimit]
         if self.kind == "none":
             return prlimit + python
         prefix = str(Path(self.python).parents[1])  # the interpreter's installation, read-only
         mounts = ["--ro-bind", "/usr", "/usr", "--ro-bind-try", "/bin", "/bin", "--ro-bind-try", "/lib", "/lib",
                   "--ro-bind-try", "/lib64", "/lib64", "--ro-bind-try", prefix, prefix]
-        return prlimit + ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+        return prlimit + [tool["bwrap"], "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
                           "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
                           "--setenv", "LANG", "C.UTF-8", "--hostname", "sandbox",
                           *mounts, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",

@@ -2,9 +2,12 @@
 scores 0 with its reason; what fails in the sandbox itself is never scored."""
 
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -155,6 +158,29 @@ def test_a_sandbox_that_cannot_start_is_never_a_score(monkeypatch, tmp_path):
                                          r"not installed: `apt-get install bubblewrap`"):
         check_rewards(RewardConfig(function="code"))
     check_rewards(RewardConfig(function="math"))  # no code reward: nothing to check
+
+
+def test_bubblewrap_found_on_the_callers_path_outside_usr_bin_is_the_one_that_runs(monkeypatch):
+    """The check and the runs use the same bwrap: one found on the caller's PATH (here a wrapper in
+    a folder first on it, as /usr/local/bin is) runs each program, though the sandbox's own PATH is
+    /usr/bin:/bin."""
+    real = shutil.which("bwrap")
+    folder = Path(tempfile.mkdtemp(prefix="rftflow-bwrap-", dir="/tmp"))  # reachable by the sandbox's user
+    try:
+        folder.chmod(0o755)
+        marker = folder / "ran"
+        wrapper = folder / "bwrap"
+        wrapper.write_text(f"#!/bin/sh\necho x >> {marker}\nexec {real} \"$@\"\n")
+        wrapper.chmod(0o755)
+        marker.touch()
+        marker.chmod(0o666)
+        monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+        sandbox = Sandbox()
+        sandbox.check()
+        assert marker.read_text() == "x\n"  # the check's program ran through it
+        assert sandbox.tools["bwrap"] == str(wrapper)
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_humaneval_canonical_solutions_pass_and_a_stub_fails_on_the_pool():
