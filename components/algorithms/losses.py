@@ -220,7 +220,7 @@ class LossInputs:
     ref_logprobs: torch.Tensor | None = None  # set for losses registered with ``needs_reference``
 
 
-@register_loss("ppo_clip")
+@register_loss("ppo_clip", zero_without_advantage=True)
 def _ppo_clip(x: LossInputs, *, clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
               ratio_level: str = "token", agg: str = "token-mean", **_) -> tuple[torch.Tensor, dict[str, float]]:
     loss, metrics = ppo_clip_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, clip_low=clip_low,
@@ -228,7 +228,7 @@ def _ppo_clip(x: LossInputs, *, clip_low: float = 0.2, clip_high: float = 0.2, d
     return loss, {**metrics, "loss/policy": float(loss.detach())}
 
 
-@register_loss("opmd")
+@register_loss("opmd", zero_without_advantage=True)
 def _opmd(x: LossInputs, *, tau: float = 1.0, agg: str = "token-mean", **_) -> tuple[torch.Tensor, dict[str, float]]:
     loss = opmd_loss(x.logprobs, x.advantages, x.mask, tau=tau, agg=agg)
     return loss, {"loss/policy": float(loss.detach())}

@@ -120,6 +120,15 @@ class Algorithm:
         """A frozen reference model is kept: for a KL term, or because the loss reads it (DPO)."""
         return self.kl_coef > 0 or getattr(self.loss_fn, "needs_reference", False)
 
+    @property
+    def zero_without_advantage(self) -> bool:
+        """A batch whose advantages are all 0 leaves nothing to learn: the policy loss is registered
+        ``zero_without_advantage`` and nothing else is added to it (no KL term in the loss, no
+        entropy bonus) nor trained beside it (no critic)."""
+        kl_in_loss = self.kl_coef > 0 and self.kl_mode == "loss"
+        return (getattr(self.loss_fn, "zero_without_advantage", False) and not kl_in_loss
+                and not self.entropy_coef and not self.needs_critic)
+
     def loss_options(self) -> dict[str, Any]:
         """Keyword options every registered policy loss receives."""
         return {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip,

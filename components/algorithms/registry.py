@@ -39,14 +39,19 @@ def register_advantage(name: str, *, needs_critic: bool = False) -> Callable[[Ca
     return _register("advantages", name, needs_critic=needs_critic)
 
 
-def register_loss(name: str, *, pairwise: bool = False, needs_reference: bool = False) -> Callable[[Callable], Callable]:
+def register_loss(name: str, *, pairwise: bool = False, needs_reference: bool = False,
+                  zero_without_advantage: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: register a policy loss ``fn(batch: LossInputs, **options) -> (loss, metrics)``.
 
     ``pairwise``: the trainer feeds rows as (chosen, rejected) pairs at even/odd positions, built
     from each group's best and worst responses (``sampling.preference_pairs``), never splitting a
     pair. ``needs_reference``: ``batch.ref_logprobs`` holds a frozen reference model's log-probs.
+    ``zero_without_advantage``: the loss, and so its gradient, is 0 whatever the log-probs when
+    every advantage in the batch is 0; the trainer then steps on zero gradients without the forward
+    and backward (``Trainer._step``).
     """
-    return _register("losses", name, pairwise=pairwise, needs_reference=needs_reference)
+    return _register("losses", name, pairwise=pairwise, needs_reference=needs_reference,
+                     zero_without_advantage=zero_without_advantage)
 
 
 def _lookup(kind: str, name: str) -> Callable:

@@ -157,3 +157,39 @@ def test_lean_steps_in_bfloat16_stay_as_close_as_the_models_own_forward(tiny):
         model_error = (r.float() - e).abs().max()
         assert (x.float() - e).abs().max() <= 2 * model_error + 1e-2
         assert x.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("which", ["qwen2", "gpt2"])
+def test_prompts_prefilled_in_chunks_decode_as_from_one_forward(tiny, monkeypatch, which):
+    """Prompts of unequal length prefilled in chunks of similar length, their caches joined, give
+    the one forward's last logits and the same decode steps after, in the prompts' order."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rftflow.components.explore import decode
+
+    torch.manual_seed(2)
+    model = tiny[0].eval() if which == "qwen2" else GPT2LMHeadModel(
+        GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=2, n_positions=64)).eval()
+    prompts = [[int(t) for t in torch.randint(3, 50, (length,))] for length in (9, 2, 5, 3, 9, 7, 4)]
+    forwards = []
+    real_forward = decode.forward_with_cache
+    monkeypatch.setattr(decode, "forward_with_cache", lambda *a, **k: forwards.append(1) or real_forward(*a, **k))
+    runs = {}
+    for budget in (10_000, 14):
+        monkeypatch.setattr(decode, "PREFILL_TOKENS", budget)
+        forwards.clear()
+        torch.manual_seed(0)
+        tokens = torch.randint(3, 50, (4, len(prompts)))
+        with torch.inference_mode():
+            last, cache, attention, position = prefill(model, prompts, pad_id=0)
+            chunks = len(forwards)
+            steps, out = decode_steps(model, cache, attention, 1, 4), [last]
+            for s in range(4):
+                position = position + 1
+                out.append(steps.step(tokens[s], position))
+        runs[budget] = chunks, out
+    (one, whole), (several, chunked) = runs[10_000], runs[14]
+    assert one == 1 and several >= 4
+    for a, b in zip(whole, chunked):
+        assert_close(b, a, atol=2e-5, rtol=1e-4)
+    assert (whole[0][0] - whole[0][1]).abs().max() > 0.1  # rows differ: a row put back in the wrong place fails

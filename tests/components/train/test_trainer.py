@@ -165,3 +165,35 @@ def test_a_lora_trainer_moves_the_adapter_only_and_its_reference_is_the_base_wit
     assert len(state) == len(adapter)  # the optimizer holds the adapter's moments only
     batch = batch_tensors(rows, tokenizer.pad_token_id)
     assert torch.allclose(trainer._reference_logprobs(batch), response_logprobs(model, batch), atol=1e-6)
+
+
+def test_a_micro_batch_without_advantage_steps_on_zero_gradients_to_the_same_weights(tiny):
+    """A GRPO round whose groups all scored alike has advantages all 0: the trainer skips its
+    forward and backward and steps on zero gradients, and the weights come out bit for bit as
+    when the zero gradient is computed (AdamW's momentum and weight decay still move them)."""
+    model, tokenizer = tiny
+    config = TrainerConfig(lr=5e-3, micro_batch_size=4, weight_decay=0.1)
+    skipping = Trainer(copy.deepcopy(model), tokenizer.pad_token_id, config, resolve("grpo"))
+    computing = Trainer(copy.deepcopy(model), tokenizer.pad_token_id, config, resolve("grpo"))
+    computing._idle = lambda *_: False  # the reference: every step through the forward and backward
+    mixed = _explorer_rows(model, tokenizer)
+    alike = [dict(r, reward=1.0) for r in mixed]  # each group all right: advantages all 0
+    first = [t.train(mixed, whole(mixed)) for t in (skipping, computing)]
+    assert first[0]["train/skipped_steps"] == 0.0 and first[0]["train/grad_norm"] > 0.0
+    before = [p.detach().clone() for p in skipping.model.parameters()]
+    second = [t.train(alike, whole(alike)) for t in (skipping, computing)]
+    assert second[0]["train/skipped_steps"] == 1.0 and second[1]["train/skipped_steps"] == 0.0
+    assert second[1]["loss/total"] == 0.0 and second[1]["train/grad_norm"] == 0.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, skipping.model.parameters()))  # momentum moved them
+    for a, b in zip(skipping.model.parameters(), computing.model.parameters()):
+        assert torch.equal(a, b)
+    assert skipping.steps == computing.steps == 2
+
+
+def test_only_a_loss_that_vanishes_without_advantage_skips():
+    assert resolve("grpo").zero_without_advantage and resolve("opmd").zero_without_advantage
+    assert not resolve("grpo", kl_coef=0.05).zero_without_advantage  # the KL term has a gradient
+    assert resolve("grpo", kl_coef=0.05, kl_mode="reward").zero_without_advantage
+    assert not resolve("grpo", entropy_coef=0.01).zero_without_advantage
+    assert not resolve("ppo").zero_without_advantage  # the critic trains on the returns
+    assert not resolve("mix").zero_without_advantage and not resolve("sft").zero_without_advantage
