@@ -220,7 +220,6 @@ class Trainer:
         step is taken on zero gradients without the forward and backward: the same update (AdamW's
         moments and weight decay move as after a computed zero gradient), reported as a 0 loss."""
         if self._idle(advantages, loss_fn):
-            self.optimizer.zero_grad()
             for p in self.model.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
