@@ -48,7 +48,7 @@ def register_loss(name: str, *, pairwise: bool = False, needs_reference: bool = 
     pair. ``needs_reference``: ``batch.ref_logprobs`` holds a frozen reference model's log-probs.
     ``zero_without_advantage``: the loss, and so its gradient, is 0 whatever the log-probs when
     every advantage in the batch is 0; the trainer then steps on zero gradients without the forward
-    and backward (``Trainer._step``).
+    and backward (``Trainer._zero_step``).
     """
     return _register("losses", name, pairwise=pairwise, needs_reference=needs_reference,
                      zero_without_advantage=zero_without_advantage)

@@ -216,17 +216,6 @@ class Trainer:
 
     def _step(self, rows: Sequence[Row], batch: Mapping[str, torch.Tensor], advantages: torch.Tensor, loss_fn,
               options: dict) -> dict[str, float]:
-        """One optimizer step on a micro-batch. When the batch cannot move the loss (``_idle``), the
-        step is taken on zero gradients without the forward and backward: the same update (AdamW's
-        moments and weight decay move as after a computed zero gradient), reported as a 0 loss."""
-        if self._idle(advantages, loss_fn):
-            for p in self.model.parameters():
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
-            self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-            self.optimizer.step()
-            self.steps += 1
-            return {"loss/total": 0.0, "train/grad_norm": 0.0, "train/skipped_steps": 1.0}
         logp = torch.log_softmax(response_logits(self.model, batch, self.temperature), -1)  # (B, R, V)
         logprobs = logp.gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1)  # (B, R)
         old = behaviour_logprobs(rows, logprobs)  # (B, R)
@@ -255,13 +244,23 @@ class Trainer:
             total = over_processes(total, total) / self.processes
         return {**metrics, "loss/total": float(total), "train/grad_norm": float(grad_norm)}
 
-    def _idle(self, advantages: torch.Tensor, loss_fn) -> bool:
-        """Whether a micro-batch's gradient is 0 whatever the model: its advantages are all 0 under
-        the algorithm's own loss, ``Algorithm.zero_without_advantage`` (every group of a GRPO round
-        answered all right or all wrong). One process only: with several, each must take its part
-        of the gradients' all-reduce."""
-        return (self.processes == 1 and loss_fn is self.algorithm.loss_fn and self.algorithm.zero_without_advantage
-                and not bool(advantages.any()))
+    def _idle(self, advantages: torch.Tensor) -> bool:
+        """Whether a round's micro-batch has a gradient of 0 whatever the model: its advantages are
+        all 0 under an ``Algorithm.zero_without_advantage`` (every group of a GRPO round answered
+        all right or all wrong). One process only: with several, each must take its part of the
+        gradients' all-reduce."""
+        return self.processes == 1 and self.algorithm.zero_without_advantage and not bool(advantages.any())
+
+    def _zero_step(self) -> dict[str, float]:
+        """The optimizer step on zero gradients, without a forward or backward: the update of an
+        ``_idle`` micro-batch (AdamW's moments and weight decay move as after a computed zero)."""
+        for p in self.model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.steps += 1
+        return {"loss/total": 0.0, "train/grad_norm": 0.0}
 
     def _share(self, idx: Sequence[int]):
         """This process's rows of a micro-batch (indices) and the aggregation context to step in:
@@ -300,26 +299,28 @@ class Trainer:
         self.prepare_rl_models()
         options = self.algorithm.loss_options()
         advantages, critic_targets, metrics_extra = self._advantages(rows)
-        start, sums, counts, tokens = time.perf_counter(), defaultdict(float), defaultdict(int), 0
+        start, sums, counts, tokens, skipped = time.perf_counter(), defaultdict(float), defaultdict(int), 0, 0
         for idx in steps:
             idx, shared = self._share(idx)
             chunk = [rows[i] for i in idx]
-            batch = self._batch(chunk)
-            with shared:
-                step_metrics = self._step(chunk, batch, advantages[idx], self.algorithm.loss_fn, options)
-                if self.critic is not None:
-                    width = batch["mask"].shape[1]
-                    targets = {k: v[idx, :width].to(self.accelerator.device) for k, v in critic_targets.items()}
-                    step_metrics |= self.critic.update(batch, targets["old_values"], targets["returns"],
-                                                       self.algorithm.agg)
+            if self._idle(advantages[idx]):  # no batch to build, no forward or backward
+                step_metrics, skipped = self._zero_step(), skipped + 1
+            else:
+                batch = self._batch(chunk)
+                with shared:
+                    step_metrics = self._step(chunk, batch, advantages[idx], self.algorithm.loss_fn, options)
+                    if self.critic is not None:
+                        width = batch["mask"].shape[1]
+                        targets = {k: v[idx, :width].to(self.accelerator.device) for k, v in critic_targets.items()}
+                        step_metrics |= self.critic.update(batch, targets["old_values"], targets["returns"],
+                                                           self.algorithm.agg)
+                tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in chunk)
             for k, v in step_metrics.items():
                 sums[k] += v
                 counts[k] += 1
-            if "train/skipped_steps" not in step_metrics:  # the tokens forward and backward went through
-                tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in chunk)
         # each metric over the steps that measured it (a skipped step measures no ratio or entropy)
         metrics = {**{k: v / counts[k] for k, v in sums.items()}, **metrics_extra}
-        metrics["train/skipped_steps"] = sums.get("train/skipped_steps", 0.0)
+        metrics["train/skipped_steps"] = float(skipped)
         metrics["train/steps"] = float(len(steps))
         if tokens:
             metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
