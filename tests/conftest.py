@@ -42,10 +42,15 @@ SMALL = ("rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup
          "buffer.expert_per_round=8")
 
 
-# The longest modules first (minutes each, on 2 cores): under `-n 2 --dist loadfile` (pyproject) a
-# module runs on one worker, and one of these started last would leave the other worker idle at the end
-LONGEST_FIRST = ("flows/test_kill_resume.py", "components/train/test_learning.py", "flows/test_deployments.py",
-                 "components/test_real_model.py", "flows/test_servers.py", "flows/test_trainer_processes.py")
+# The longest modules first, longest to shortest (`pytest --durations=80` summed per module; 1.5 to
+# 7 minutes each on 2 cores): under `-n 2 --dist loadfile` (pyproject) a module runs on one worker,
+# and one of these started last would leave the other worker idle at the end
+LONGEST_FIRST = ("flows/test_failures.py", "flows/test_kill_resume.py", "flows/test_deployments.py",
+                 "flows/test_stops.py", "components/train/test_learning.py", "flows/test_monitoring.py",
+                 "flows/test_trainer_processes.py", "components/explore/test_server_pool.py",
+                 "components/test_real_model.py", "components/explore/test_server_engines.py",
+                 "flows/test_cli_user.py", "components/explore/test_sampling_as_trl.py",
+                 "flows/test_sharded_explorers.py", "flows/test_servers.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -34,11 +34,11 @@ def test_grpo_raises_reward_on_an_easy_task(tmp_path, default_config):
 
 @pytest.mark.slow
 def test_grpo_on_episodes_raises_the_success_of_a_multi_turn_game(tmp_path):
-    """configs/guess-number.yaml at 40 rounds, seed 0: the policy's own episodes (their success is
-    the reward; the environment's tokens are masked) win more often after GRPO than before, and so
-    does the greedy policy on held-out games."""
+    """configs/guess-number.yaml at 40 rounds of 16 games (the config plays 32), seed 0: the
+    policy's own episodes (their success is the reward; the environment's tokens are masked) win
+    more often after GRPO than before, and so does the greedy policy on held-out games."""
     config = Path(__file__).resolve().parents[3] / "configs" / "guess-number.yaml"
-    campaign = Campaign(config, tmp_path, ["seed=0", "rounds=40", "threads=1"])
+    campaign = Campaign(config, tmp_path, ["seed=0", "rounds=40", "threads=1", "explorer.tasks_per_round=16"])
     campaign.prepare()
     campaign.warm_start()  # 50 SFT steps on binary-search games
     held_out_before = campaign.evaluate()["accuracy/held_out"]
