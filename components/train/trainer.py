@@ -236,9 +236,7 @@ class Trainer:
         metrics = {**metrics, **extra}
         self.optimizer.zero_grad()
         self.accelerator.backward(loss)
-        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
-        self.steps += 1
+        grad_norm = self._update()
         total = loss.detach()
         if shared_processes():  # this process's loss is its share × P: the whole micro-batch's is their mean
             total = over_processes(total, total) / self.processes
@@ -257,10 +255,17 @@ class Trainer:
         for p in self.model.parameters():
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
-        self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self._update()
+        return {"loss/total": 0.0, "train/grad_norm": 0.0}
+
+    def _update(self) -> torch.Tensor:
+        """The optimizer update from the gradients in place (clipped to ``grad_clip``), counted as a
+        step; the gradients' norm before clipping. Computed and skipped steps share it, so both move
+        the weights and AdamW's state the same way."""
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.steps += 1
-        return {"loss/total": 0.0, "train/grad_norm": 0.0}
+        return grad_norm
 
     def _share(self, idx: Sequence[int]):
         """This process's rows of a micro-batch (indices) and the aggregation context to step in:
