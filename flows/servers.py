@@ -5,9 +5,9 @@ stores, to look at campaigns in a browser.
   with the embedded API writes to — so it shows every run made on this machine. Its UI is told
   where its API is (``PREFECT_UI_API_URL``): on a port other than 4200 it would otherwise show
   "Can't connect to Server API".
-- MLflow: ``mlflow server`` on ``<run dir>/mlflow.db``; the runs' artifacts stay where they put
-  them, and runs made through the server keep theirs in ``<run dir>/mlartifacts`` too (not in the
-  directory ``up`` was started from).
+- MLflow: ``mlflow server`` on ``<run dir>/mlflow.db``, one web worker and no job runner; the
+  runs' artifacts stay where they put them, and runs made through the server keep theirs in
+  ``<run dir>/mlartifacts`` too (not in the directory ``up`` was started from).
 
 Both listen on 127.0.0.1, run detached (in their own sessions, logs in ``<run dir>/servers/``), and
 are recorded in ``<run dir>/servers/servers.json`` for ``down``.
@@ -55,10 +55,14 @@ def servers_for(run_dir: Path, prefect_port: int, mlflow_port: int) -> list[Serv
         Server("prefect", prefect_url, f"{prefect_url}/api/health",
                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
                quiet),
+        # one worker and no job runner: a local server for one person's browser and campaigns; the
+        # defaults (4 web workers, a job runner with 7 queue consumers for MLflow's GenAI jobs, which
+        # rftflow does not use) start 13 processes that each import MLflow, 4× the CPU to come up
         Server("mlflow", mlflow_url, f"{mlflow_url}/health",
                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
                 "--backend-store-uri", f"sqlite:///{run_dir.resolve() / 'mlflow.db'}",
-                "--artifacts-destination", (run_dir.resolve() / "mlartifacts").as_uri()], {}),
+                "--artifacts-destination", (run_dir.resolve() / "mlartifacts").as_uri(), "--workers", "1"],
+               {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}),
     ]
 
 

@@ -44,11 +44,13 @@ class Server:
         self.proc.wait()
 
     def stop(self) -> None:
-        """SIGTERM to the group, SIGKILL after 60 s."""
+        """SIGTERM to the group, SIGKILL after 20 s. vLLM kills its engine at once; its web server then
+        waits for every open connection to close, for ever for a request that a client abandoned on a
+        server that hung (as the pool does): nothing is left to finish by then."""
         if self.proc.poll() is None:
             _signal_group(self.proc, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
         _signal_group(self.proc, signal.SIGKILL)  # an engine process left behind by its API server

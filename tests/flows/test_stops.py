@@ -124,7 +124,7 @@ def test_a_supervisor_sigterm_to_the_group_mid_round_stops_after_the_stage(embed
     assert _flow_runs(tmp_path / "prefect-home") == ["CANCELLED", "COMPLETED"]
 
 
-def test_ctrl_c_during_a_slow_checkpoint_write_lets_it_finish_and_resumes_from_it(embedded_env, tmp_path, s3_server,
+def test_ctrl_c_during_a_slow_checkpoint_write_lets_it_finish_and_resumes_from_it(cli_env, tmp_path, s3_server,
                                                                                  s3_bucket):
     from rftflow.components.buffer.store import open_store
     from rftflow.components.buffer.weights import WeightStore
@@ -132,7 +132,7 @@ def test_ctrl_c_during_a_slow_checkpoint_write_lets_it_finish_and_resumes_from_i
 
     direct = open_store(f"s3://{s3_bucket}/c", endpoint_url=s3_server.endpoint_url)
     with FaultProxy(urlsplit(s3_server.endpoint_url).port) as proxy:
-        env = {**embedded_env, **s3_server.env}
+        env = {**cli_env, **s3_server.env}  # the shared Prefect server: the write is what is stopped
         args = _args(tmp_path / "run", "ckpt", f"storage.url=s3://{s3_bucket}/c", "storage.addressing_style=path",
                      f"storage.endpoint_url={proxy.endpoint_url}")
         run = UserRun(args, env=env)
