@@ -56,7 +56,7 @@ def servers(cli_env, tmp_path_factory):
                                   cwd=work, stdout=worker_log.open("w"), stderr=subprocess.STDOUT)
         yield {"mlflow": mlflow_url, "prefect": prefect_url, "work": work, "worker_log": worker_log}
     finally:
-        if worker is not None:  # its runs have ended; prefect 3.8's worker can take over a minute to stop on a signal
+        if worker is not None:  # its runs have ended; prefect 3.8's worker exits only on a second signal
             worker.terminate()
             try:
                 worker.wait(timeout=5)
