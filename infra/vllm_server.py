@@ -45,8 +45,9 @@ class Server:
 
     def stop(self) -> None:
         """SIGTERM to the group, SIGKILL after 20 s. vLLM kills its engine at once; its web server then
-        waits for every open connection to close, for ever for a request that a client abandoned on a
-        server that hung (as the pool does): nothing is left to finish by then."""
+        waits for every open connection to close, and a request the pool abandoned on a server that
+        hung keeps its connection open until the client's timeout (600 s by default), with nothing
+        left to answer it."""
         if self.proc.poll() is None:
             _signal_group(self.proc, signal.SIGTERM)
             try:
