@@ -77,7 +77,7 @@ def _unique_beside(path: Path) -> Path:
 # accepted rows without a failure): in the step's log line, not charted as flat lines in MLflow,
 # where the config's params already hold them.
 NOT_CHARTED = frozenset({"explore/rows", "buffer/usual_rows", "sample/usual_rows", "sample/expert_rows", "train/steps",
-                         "sync/weight_version", "sync/checked", "warmup/steps", "contract/accepted"})
+                         "sync/weight_version", "sync/checked", "contract/accepted"})
 
 
 def charted(metrics: Mapping[str, float]) -> dict[str, float]:

@@ -59,6 +59,7 @@ TRAINER_STATE, EXPLORER_STATE = ("fifo_cursor", "replay_uses"), ("pass_rates",)
 RESUMABLE_STATE = TRAINER_STATE + EXPLORER_STATE
 log = logging.getLogger("rftflow")
 POLL_MAX_SECONDS = 0.5  # the longest pause between two looks at the store while waiting for the other process
+WARMUP_CHECK_TASKS = 64  # training tasks the `trainer.warmup_until` check solves greedily
 
 
 def make_trainer(cfg: CampaignConfig, algorithm, policy, pad_id: int, *, leads: bool = False) -> Trainer:
@@ -227,21 +228,40 @@ class Campaign:
         becomes 1), then the start weights go to the explorer (published even with no steps, as
         version 0, so an explorer process knows the trainer is there). A stop asked for meanwhile
         ends it after the current step (``StopRequested``): nothing of it is kept, a resume starts
-        it over."""
-        steps, metrics = self.cfg.trainer.warmup_steps, {}
+        it over. With ``trainer.warmup_until`` it ends at the first check (every
+        ``warmup_check_every`` steps) where ``warm_accuracy`` reaches it."""
+        tc = self.cfg.trainer
+        steps, metrics, done = tc.warmup_steps, {}, [0]
 
-        def step_done(step: int, step_metrics: dict[str, float]) -> None:
+        def step_done(step: int, step_metrics: dict[str, float]) -> bool:
             if self.stop.reason:
                 raise StopRequested(f"stopped ({self.stop.reason}) at step {step} of the warm start")
+            done[0] = step
             if progress is not None:
                 progress(step, step_metrics)
+            if tc.warmup_until is None or step % tc.warmup_check_every:
+                return False
+            metrics["warmup/check_accuracy"] = self.warm_accuracy()
+            return metrics["warmup/check_accuracy"] >= tc.warmup_until
 
         if steps:
-            last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), self.cfg.trainer.warmup_lr, step_done)
+            last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), tc.warmup_lr, step_done)
             self.policy_version += 1
-            metrics = {"warmup/steps": float(steps), "warmup/loss_sft": last.get("loss/sft", float("nan"))}
+            metrics.update({"warmup/steps": float(done[0]), "warmup/loss_sft": last.get("loss/sft", float("nan"))})
         self.weights.publish(self.policy_version)
         return metrics
+
+    def warm_accuracy(self) -> float:
+        """Greedy accuracy of the trainer's own weights (no sync: the explorer keeps what it holds)
+        on the first ``WARMUP_CHECK_TASKS`` training tasks: the ``trainer.warmup_until`` check."""
+        model = self.trainer.unwrapped
+        training = model.training
+        engine = make_engine(self.cfg.explorer.model_copy(update={"engine": "hf"}), model, self.tokenizer,
+                             self.cfg.model)  # as the explorer's hf engine decodes: the same batches
+        try:
+            return self.evaluate(self.train_tasks[:WARMUP_CHECK_TASKS], engine)["accuracy/held_out"]
+        finally:
+            model.train(training)
 
     def start_version(self) -> int:
         """The policy's version when the rounds start: 1 after a warm start, else 0."""
@@ -557,14 +577,16 @@ class Campaign:
         return PassRates.merged(ExperienceStore(self.store.objects, name).read_state("pass_rates")
                                 for name in campaigns_in(self.store.objects))
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy of the explorer's (latest synced) model on the held-out split."""
+    def evaluate(self, tasks: Sequence[Task] | None = None, engine=None) -> dict[str, float]:
+        """Greedy accuracy of the explorer's (latest synced) model on the held-out split (or of
+        ``engine`` on ``tasks``)."""
+        tasks, engine = self.eval_tasks if tasks is None else tasks, engine or self.engine
         if not self.parts:
-            return self.workflow.evaluate(self.engine, self.eval_tasks, self.reward_fn, self.cfg.reward.function,
+            return self.workflow.evaluate(engine, tasks, self.reward_fn, self.cfg.reward.function,
                                           self.cfg.eval.max_new_tokens)
         results = {name: (len(rows), self.workflows[name].evaluate(
-            self.engine, [self.eval_tasks[i] for i in rows], self.reward_fn, self.cfg.reward.function,
-            self.cfg.eval.max_new_tokens)) for name, rows in by_part(self.eval_tasks).items()}
+            engine, [tasks[i] for i in rows], self.reward_fn, self.cfg.reward.function,
+            self.cfg.eval.max_new_tokens)) for name, rows in by_part(tasks).items()}
         return mixture_metrics(results)
 
     # checkpoints -----------------------------------------------------------------------------

@@ -337,7 +337,8 @@ class Trainer:
         """One SFT step per micro-batch of expert rows in ``steps`` (an expert-only warm start).
 
         Learning rate: linear ramp to ``peak_lr`` over the first 5% of steps, then cosine decay to
-        ``trainer.lr``, the rate the RL rounds continue with.
+        ``trainer.lr``, the rate the RL rounds continue with. ``progress(step, metrics)`` returning
+        true ends it after that step (one process only: the others were sent every step).
         """
         steps = [list(chunk) for chunk in steps]
         self._announce("warm_start", steps, peak_lr)
@@ -355,8 +356,8 @@ class Trainer:
             mine = [chunk[i] for i in idx]
             with shared:
                 last = self._step(mine, self._batch(mine), torch.zeros(len(mine)), sft, {"agg": "token-mean"})
-            if progress is not None:
-                progress(step + 1, last)
+            if progress is not None and progress(step + 1, last):
+                break
         self.set_lr(final)
         self.busy = False
         return last

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow.compute as pc
+import torch
 
 from rftflow.components.buffer.experiences import ExperienceStore
 from rftflow.components.buffer.layout import open_run_store
@@ -54,6 +55,29 @@ def test_both_and_async_run_episodes_and_log_their_metrics(tmp_path, default_con
     for r in (1, 2, 3):
         versions = usual.filter(pc.equal(usual.column("round"), r)).column("model_version").to_pylist()
         assert all(0 <= r - v <= 1 for v in versions)
+
+
+def test_the_warm_start_ends_at_the_first_check_that_reaches_warmup_until(tmp_path, default_config, small):
+    def warm_start(name: str, until: float) -> tuple[dict[str, float], list[float], CampaignRun]:
+        run = CampaignRun(preflight(default_config, tmp_path / name, [
+            *small, *GAME, "trainer.warmup_steps=30", f"trainer.warmup_until={until}", "trainer.warmup_check_every=5"]))
+        campaign, checks = run.campaign, []
+        measure = campaign.warm_accuracy
+        campaign.warm_accuracy = lambda: checks.append(measure()) or checks[-1]
+        campaign.prepare()
+        return campaign.warm_start(), checks, run
+
+    metrics, checks, _ = warm_start("all", 1.0)  # never reached: every step runs, checked every 5
+    assert metrics["warmup/steps"] == 30 and len(checks) == 6 and max(checks) > 0
+    first = next(i for i, c in enumerate(checks) if c == max(checks))
+    metrics, again, run = warm_start("early", max(checks))  # the same campaign stops at the first check reaching it
+    assert again == checks[:first + 1] and metrics["warmup/steps"] == 5 * (first + 1)
+    assert metrics["warmup/check_accuracy"] == max(checks)
+    # no step after the check that ended it, and the explorer got those weights
+    campaign = run.campaign
+    assert campaign.warm_accuracy() == max(checks)
+    explorer, policy = campaign.engine.model.state_dict(), campaign.trainer.unwrapped.state_dict()
+    assert all(torch.equal(explorer[k], policy[k]) for k in policy)
 
 
 def test_an_explorer_and_a_trainer_alone_and_bench_run_episodes(tmp_path, default_config, small, warm):
