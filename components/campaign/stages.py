@@ -44,6 +44,7 @@ from rftflow.components.explore.workflows import make_workflow, table_episode_me
 from rftflow.components.verify import scoring
 from rftflow.components.verify.check import check_round, per_taskset_rewards
 from rftflow.components.verify.scoring import mixture_metrics
+from rftflow.components.explore.decode import forget_fused
 from rftflow.components.explore.engines import make_engine
 from rftflow.components.explore.models import load_model
 from rftflow.components.verify.rewards import campaign_rewards
@@ -123,7 +124,8 @@ class Campaign:
         if torch.cuda.is_available() and cfg.explorer.engine == "hf":
             explorer_model.to("cuda")  # decode where the trainer trains (the Trainer's Accelerator picks cuda too)
         engine = cfg.explorer if self.has_explorer else cfg.explorer.model_copy(update={"engine": "hf"})
-        self.engine = make_engine(engine, explorer_model, self.tokenizer, cfg.model, seed=cfg.seed)
+        self.engine = make_engine(engine, explorer_model, self.tokenizer, cfg.model, seed=cfg.seed,
+                                  trained_in_place=explorer_model is policy and self.has_trainer)
         context = getattr(policy.config, "max_position_embeddings", None)
         self.workflow = make_workflow(cfg, self.tokenizer, reward_fn=self.reward_fn, context_limit=context)
         # a mixture's parts, each with its weight and the workflow of its taskset (see ``_by_workflow``)
@@ -257,10 +259,11 @@ class Campaign:
         model = self.trainer.unwrapped
         training = model.training
         engine = make_engine(self.cfg.explorer.model_copy(update={"engine": "hf"}), model, self.tokenizer,
-                             self.cfg.model)  # as the explorer's hf engine decodes: the same batches
+                             self.cfg.model, trained_in_place=True)  # as the explorer's hf engine decodes
         try:
             return self.evaluate(self.train_tasks[:WARMUP_CHECK_TASKS], engine)["accuracy/held_out"]
         finally:
+            forget_fused(model)  # its fused decode weights: a copy of the model, not needed until the next check
             model.train(training)
 
     def start_version(self) -> int:

@@ -187,6 +187,13 @@ def fused_weights(model) -> list[_Fused]:
     return kept[1]
 
 
+def forget_fused(model) -> None:
+    """Drop ``model``'s fused weights. For decoding with a model an optimizer steps in place: a fused
+    optimizer's step (``AdamW(fused=True)``, the trainer's) leaves the version counters as they were,
+    so ``fused_weights`` would keep the weights of before the step."""
+    _FUSED.pop(model, None)
+
+
 def _projections(layer) -> tuple[nn.Linear, ...]:
     attn, mlp = layer.self_attn, layer.mlp
     return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj

@@ -89,3 +89,28 @@ def test_a_trainer_alone_times_out_in_one_line_when_no_explorer_comes(tmp_path, 
 def test_mode_keys_are_checked_before_any_work(default_config, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         load_config(default_config, overrides)
+
+
+def test_a_trainer_alone_evaluates_the_weights_it_trained_since_its_last_evaluation(tmp_path, default_config, small):
+    """A trainer alone decodes with its own model, which its fused AdamW steps in place without
+    marking the tensors' versions: its evaluation must decode with the new weights, as a copy does."""
+    import copy
+
+    from rftflow.components.campaign.stages import Campaign
+    from rftflow.components.explore.engines import make_engine
+
+    campaign = Campaign(default_config, tmp_path, [*small, *TWO, "mode=train", "trainer.warmup_steps=0"])
+    campaign.prepare()
+    prompts = [campaign.engine.encode(t.prompt) for t in campaign.train_tasks[:16]]
+
+    def greedy(engine) -> list[tuple[list[int], list[float]]]:
+        engine.stop_ids = {-1}  # no stop token: every row takes 12 decode steps after the prefill
+        return [(g[0].response_ids, g[0].logprobs) for g in engine.generate_ids(prompts, max_new_tokens=12, greedy=True)]
+
+    before = greedy(campaign.engine)  # the decoder's fused weights are made for the start weights
+    campaign.trainer.warm_start(campaign.sampler.warm_start_steps(4), 1e-3)
+    copied = make_engine(campaign.cfg.explorer, copy.deepcopy(campaign.trainer.unwrapped), campaign.tokenizer,
+                         campaign.cfg.model)
+    after = greedy(campaign.engine)
+    assert after != before  # the steps moved the policy
+    assert after == greedy(copied)
