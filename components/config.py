@@ -42,8 +42,9 @@ class LoraConfig(_Section):
 class ModelConfig(_Section):
     """The policy model: where it is read from and in which dtype."""
 
-    path: str = Field("builtin:tiny", description="`builtin:tiny` (4 layers, hidden 128, built here), `builtin:tiny-wide` "
-                      "(2 layers, hidden 256), `builtin:smollm2-135m-instruct` (the `smollm2` extra), a local Hugging Face model directory, or a GGUF file (or a directory with one).")
+    path: str = Field("builtin:tiny", description="`builtin:tiny` (4 layers, hidden 128, built here), "
+                      "`builtin:tiny-wide` (2 layers, hidden 256), `builtin:smollm2-135m-instruct` (the `smollm2` "
+                      "extra), a local Hugging Face model directory, or a GGUF file (or a directory with one).")
     allow_download: bool = Field(False, description="Allow a hub id in `path` (off: offline machines are normal).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
     chat_template: bool = Field(False, description="Wrap prompts in the tokenizer's chat template (instruct models).")
@@ -366,8 +367,9 @@ class TrainerConfig(_Section):
     warmup_until: float | None = Field(
         None, gt=0, le=1, description="End the warm start early, once the trainer's greedy policy solves this share "
         "of 64 training tasks (checked every `warmup_check_every` steps); `warmup_steps` is then the most it runs "
-        "and the length of its learning-rate schedule. For a skill learned in a jump (a copy, a format), this stops "
-        "in the jump on every seed and leaves the rest to the rounds. One trainer process only.",
+        "and the length of its learning-rate schedule. For a skill learned in a jump at a step that varies by seed "
+        "(a copy, a format), this stops in the jump wherever it comes and leaves the rest to the rounds. One trainer "
+        "process only.",
     )
     warmup_check_every: int = Field(25, gt=0, description="Warm-start steps between the checks of `warmup_until`.")
 

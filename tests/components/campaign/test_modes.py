@@ -105,7 +105,8 @@ def test_a_trainer_alone_evaluates_the_weights_it_trained_since_its_last_evaluat
 
     def greedy(engine) -> list[tuple[list[int], list[float]]]:
         engine.stop_ids = {-1}  # no stop token: every row takes 12 decode steps after the prefill
-        return [(g[0].response_ids, g[0].logprobs) for g in engine.generate_ids(prompts, max_new_tokens=12, greedy=True)]
+        rollouts = engine.generate_ids(prompts, max_new_tokens=12, greedy=True)
+        return [(g[0].response_ids, g[0].logprobs) for g in rollouts]
 
     before = greedy(campaign.engine)  # the decoder's fused weights are made for the start weights
     campaign.trainer.warm_start(campaign.sampler.warm_start_steps(4), 1e-3)

@@ -31,8 +31,9 @@ BAD = {
                              "tracking.uri 'http://127.0.0.1:9': no MLflow server answers ([Errno 111] Connection refused)"),
     "sft without demonstrations": (["algorithm.name=sft", "buffer.expert_per_round=0"],
                                    "buffer.expert_per_round must be > 0"),
-    "early warm-start end on two processes": (["trainer.warmup_until=0.5", "trainer.processes=2"],
-                                              "trainer.warmup_until needs one trainer process (trainer.processes is 2)"),
+    "early warm-start end on two processes": (
+        ["trainer.warmup_until=0.5", "trainer.processes=2"],
+        "trainer.warmup_until needs one trainer process (trainer.processes is 2)"),
 }
 
 
