@@ -43,10 +43,10 @@ SMALL = ("rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup
 
 
 # The longest modules first, longest to shortest (`pytest --durations=80` summed per module; 1.5 to
-# 7 minutes each on 2 cores): under `-n 2 --dist loadfile` (pyproject) a module runs on one worker,
+# 12 minutes each on 2 cores): under `-n 2 --dist loadfile` (pyproject) a module runs on one worker,
 # and one of these started last would leave the other worker idle at the end
-LONGEST_FIRST = ("flows/test_failures.py", "flows/test_kill_resume.py", "flows/test_deployments.py",
-                 "flows/test_stops.py", "components/train/test_learning.py", "flows/test_monitoring.py",
+LONGEST_FIRST = ("components/train/test_learning.py", "flows/test_failures.py", "flows/test_kill_resume.py",
+                 "flows/test_deployments.py", "flows/test_stops.py", "flows/test_monitoring.py",
                  "flows/test_trainer_processes.py", "components/explore/test_server_pool.py",
                  "components/test_real_model.py", "components/explore/test_server_engines.py",
                  "flows/test_cli_user.py", "components/explore/test_sampling_as_trl.py",
