@@ -124,8 +124,7 @@ class Campaign:
         if torch.cuda.is_available() and cfg.explorer.engine == "hf":
             explorer_model.to("cuda")  # decode where the trainer trains (the Trainer's Accelerator picks cuda too)
         engine = cfg.explorer if self.has_explorer else cfg.explorer.model_copy(update={"engine": "hf"})
-        self.engine = make_engine(engine, explorer_model, self.tokenizer, cfg.model, seed=cfg.seed,
-                                  trained_in_place=explorer_model is policy and self.has_trainer)
+        self.engine = make_engine(engine, explorer_model, self.tokenizer, cfg.model, seed=cfg.seed)
         context = getattr(policy.config, "max_position_embeddings", None)
         self.workflow = make_workflow(cfg, self.tokenizer, reward_fn=self.reward_fn, context_limit=context)
         # a mixture's parts, each with its weight and the workflow of its taskset (see ``_by_workflow``)
@@ -259,7 +258,7 @@ class Campaign:
         model = self.trainer.unwrapped
         training = model.training
         engine = make_engine(self.cfg.explorer.model_copy(update={"engine": "hf"}), model, self.tokenizer,
-                             self.cfg.model, trained_in_place=True)  # as the explorer's hf engine decodes
+                             self.cfg.model)  # as the explorer's hf engine decodes
         try:
             return self.evaluate(self.train_tasks[:WARMUP_CHECK_TASKS], engine)["accuracy/held_out"]
         finally:

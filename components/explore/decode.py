@@ -175,9 +175,10 @@ _FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (it
 
 def fused_weights(model) -> list[_Fused]:
     """Each layer's ``_fused`` weights, kept with the model and made again only when one of its
-    weights is another tensor or was changed in place since (a weight sync bumps the tensor's
-    version counter; a fused optimizer's step does not: see ``forget_fused``): once per sync, not
-    once per generate batch, as concatenating a real model's projections is not free."""
+    weights is another tensor or was changed in place since (a weight sync, an optimizer step:
+    each bumps the tensor's version counter; for the fused AdamW, ``train.optim.adamw``'s hook
+    does): once per sync, not once per generate batch, as concatenating a real model's projections
+    is not free."""
     sources = [p for layer in model.model.layers for p in _projections(layer)]
     versions = tuple((t.data_ptr(), t._version) for p in sources for t in (p.weight, p.bias) if t is not None)
     kept = _FUSED.get(model)
@@ -188,9 +189,7 @@ def fused_weights(model) -> list[_Fused]:
 
 
 def forget_fused(model) -> None:
-    """Drop ``model``'s fused weights. For decoding with a model an optimizer steps in place: a fused
-    optimizer's step (``AdamW(fused=True)``, the trainer's) leaves the version counters as they were,
-    so ``fused_weights`` would keep the weights of before the step."""
+    """Drop ``model``'s fused weights (a copy of its projections) when it is not decoded for a while."""
     _FUSED.pop(model, None)
 
 

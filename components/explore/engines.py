@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rftflow.components.data.prompts import encode_prompt
-from rftflow.components.explore.decode import decode_steps, forget_fused, prefill
+from rftflow.components.explore.decode import decode_steps, prefill
 from rftflow.components.explore.server_pool import Replica, ServerPool
 
 
@@ -61,7 +61,6 @@ class HFRolloutEngine:
         batch_size: int = 256,
         chat_template: bool = False,
         lean_steps: bool = True,
-        trained_in_place: bool = False,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -69,9 +68,6 @@ class HFRolloutEngine:
         self.batch_size = batch_size
         self.chat_template = chat_template
         self.lean_steps = lean_steps  # False: every step through the model's own forward (``decode``)
-        # the model is the trainer's own (a trainer alone, the warm start's check): its fused decode
-        # weights are made again for each call, as the fused optimizer's steps leave no version mark
-        self.trained_in_place = trained_in_place
 
     def encode(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
@@ -162,8 +158,6 @@ class HFRolloutEngine:
         """``n`` responses per prompt of token ids (a group), sampled, or greedy when ``greedy``; at
         most ``batch_size`` rows (and at least one group) per batch. Token in, token out: a
         rollout's ``prompt_ids`` are the ids given, its ``response_ids`` the ids sampled."""
-        if self.trained_in_place:
-            forget_fused(self.model)
         # Sort by prompt length so each batch pads little; restore order after.
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         per_batch = max(1, self.batch_size // n)
@@ -411,12 +405,10 @@ def cpu_copies(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}
 
 
-def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_config, seed: int = 0,
-                trained_in_place: bool = False):
+def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_config, seed: int = 0):
     """The rollout engine ``explorer.engine`` names (``explorer``: an ``ExplorerConfig``,
-    ``model_config``: a ``ModelConfig``): ``hf`` over ``model`` (the explorer's copy, or with
-    ``trained_in_place`` the trainer's own), ``openai`` at ``explorer.base_url`` (one URL or a list:
-    a pool of replicas), ``vllm`` over the model directory."""
+    ``model_config``: a ``ModelConfig``): ``hf`` over ``model`` (the explorer's copy), ``openai`` at
+    ``explorer.base_url`` (one URL or a list: a pool of replicas), ``vllm`` over the model directory."""
     chat_template = model_config.chat_template
     if explorer.engine == "openai":
         return OpenAIRolloutEngine(explorer.base_url, explorer.served_model, tokenizer,
@@ -426,5 +418,4 @@ def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizer
 
         model_dir = resolve_model_path(model_config.path, allow_download=model_config.allow_download)
         return VLLMRolloutEngine(model_dir, tokenizer, chat_template=chat_template, seed=seed)
-    return HFRolloutEngine(model, tokenizer, batch_size=explorer.batch_size, chat_template=chat_template,
-                           trained_in_place=trained_in_place)
+    return HFRolloutEngine(model, tokenizer, batch_size=explorer.batch_size, chat_template=chat_template)
