@@ -232,12 +232,13 @@ class Campaign:
         it over. With ``trainer.warmup_until`` it ends at the first check (every
         ``warmup_check_every`` steps) where ``warm_accuracy`` reaches it."""
         tc = self.cfg.trainer
-        steps, metrics, done = tc.warmup_steps, {}, [0]
+        steps, metrics, done = tc.warmup_steps, {}, 0
 
         def step_done(step: int, step_metrics: dict[str, float]) -> bool:
+            nonlocal done
             if self.stop.reason:
                 raise StopRequested(f"stopped ({self.stop.reason}) at step {step} of the warm start")
-            done[0] = step
+            done = step
             if progress is not None:
                 progress(step, step_metrics)
             if tc.warmup_until is None or step % tc.warmup_check_every:
@@ -248,7 +249,7 @@ class Campaign:
         if steps:
             last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), tc.warmup_lr, step_done)
             self.policy_version += 1
-            metrics.update({"warmup/steps": float(done[0]), "warmup/loss_sft": last.get("loss/sft", float("nan"))})
+            metrics.update({"warmup/steps": float(done), "warmup/loss_sft": last.get("loss/sft", float("nan"))})
         self.weights.publish(self.policy_version)
         return metrics
 
