@@ -66,6 +66,6 @@ def test_grpo_with_a_calculator_tool_raises_held_out_accuracy(tmp_path):
     first, last = statistics.mean(rewards[:3]), statistics.mean(rewards[-3:])
     print(f"warm start: {warm['warmup/steps']:.0f} steps, check {warm['warmup/check_accuracy']:.3f}; sampled "
           f"reward rounds 1-3 {first:.3f} → 8-10 {last:.3f}; held-out greedy {held_out_before:.3f} → {held_out_after:.3f}")
-    assert warm["warmup/check_accuracy"] >= 0.2 and warm["warmup/steps"] < 450  # it stopped in the jump
+    assert warm["warmup/check_accuracy"] >= 0.2 and warm["warmup/steps"] < 600  # it stopped in the jump
     assert last >= first + 0.05, (first, last, rewards)
     assert held_out_after > held_out_before, (held_out_before, held_out_after, rewards)
