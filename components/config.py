@@ -372,6 +372,11 @@ class TrainerConfig(_Section):
         "process only.",
     )
     warmup_check_every: int = Field(25, gt=0, description="Warm-start steps between the checks of `warmup_until`.")
+    warmup_check_by: str | None = Field(
+        None, description="A task metadata key: the `warmup_until` check groups its tasks by this key's value and "
+        "takes the lowest group's share solved, so every kind of task must reach the bar, not only their mix (a "
+        "policy that solved one kind alone gives the rounds nothing to reward on the others).",
+    )
 
     @model_validator(mode="after")
     def _until_needs_one_process(self) -> TrainerConfig:

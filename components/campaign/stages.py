@@ -230,7 +230,8 @@ class Campaign:
         version 0, so an explorer process knows the trainer is there). A stop asked for meanwhile
         ends it after the current step (``StopRequested``): nothing of it is kept, a resume starts
         it over. With ``trainer.warmup_until`` it ends at the first check (every
-        ``warmup_check_every`` steps) where ``warm_accuracy`` reaches it."""
+        ``warmup_check_every`` steps) where ``warm_accuracy`` reaches it (on every group of
+        ``warmup_check_by``)."""
         tc = self.cfg.trainer
         steps, metrics, done = tc.warmup_steps, {}, 0
 
@@ -246,6 +247,8 @@ class Campaign:
             metrics["warmup/check_accuracy"] = self.warm_accuracy()
             return metrics["warmup/check_accuracy"] >= tc.warmup_until
 
+        if steps and tc.warmup_until is not None:
+            self.warm_check_groups()  # a missing metadata key fails here, before any step
         if steps:
             last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), tc.warmup_lr, step_done)
             self.policy_version += 1
@@ -253,15 +256,30 @@ class Campaign:
         self.weights.publish(self.policy_version)
         return metrics
 
+    def warm_check_groups(self) -> list[list[Task]]:
+        """The first ``WARMUP_CHECK_TASKS`` training tasks, grouped by metadata key
+        ``trainer.warmup_check_by`` (one group without it)."""
+        tasks, key = self.train_tasks[:WARMUP_CHECK_TASKS], self.cfg.trainer.warmup_check_by
+        if key is None:
+            return [tasks]
+        groups: dict[str, list[Task]] = {}
+        for task in tasks:
+            if key not in task.metadata:
+                raise ValueError(f"trainer.warmup_check_by: task {task.task_id} ({task.question[:40]!r}) has no "
+                                 f"metadata key {key!r}; it has {sorted(task.metadata)}")
+            groups.setdefault(str(task.metadata[key]), []).append(task)
+        return list(groups.values())
+
     def warm_accuracy(self) -> float:
         """Greedy accuracy of the trainer's own weights (no sync: the explorer keeps what it holds)
-        on the first ``WARMUP_CHECK_TASKS`` training tasks: the ``trainer.warmup_until`` check."""
+        on the first ``WARMUP_CHECK_TASKS`` training tasks, the lowest over ``warm_check_groups``: the
+        ``trainer.warmup_until`` check."""
         model = self.trainer.unwrapped
         training = model.training
         engine = make_engine(self.cfg.explorer.model_copy(update={"engine": "hf"}), model, self.tokenizer,
                              self.cfg.model)  # as the explorer's hf engine decodes
         try:
-            return self.evaluate(self.train_tasks[:WARMUP_CHECK_TASKS], engine)["accuracy/held_out"]
+            return min(self.evaluate(group, engine)["accuracy/held_out"] for group in self.warm_check_groups())
         finally:
             forget_fused(model)  # its fused decode weights: a copy of the model, not needed until the next check
             model.train(training)

@@ -148,10 +148,10 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
 
 # builtin tasksets ----------------------------------------------------------------------------
 _NAMES = ("Ann", "Bo", "Cy", "Dee", "Eli", "Flo")
-_PROBLEMS = (
-    ("{n} has {a} bags of {b} nuts and {c} loose nuts. How many nuts?", "{a}*{b}+{c}"),
-    ("{n} buys {a} boxes of {b} pens and gives away {c}. How many pens are left?", "{a}*{b}-{c}"),
-)
+_PROBLEMS = {  # operator → word problem
+    "+": "{n} has {a} bags of {b} nuts and {c} loose nuts. How many nuts?",
+    "-": "{n} buys {a} boxes of {b} pens and gives away {c}. How many pens are left?",
+}
 
 
 def builtin_task_entries(name: str, params: dict[str, Any], size: int, seed: int) -> list[dict[str, Any]]:
@@ -159,10 +159,10 @@ def builtin_task_entries(name: str, params: dict[str, Any], size: int, seed: int
 
     - ``guess_number``: a game per task, its secret uniform in [low, high] (params ``low``, ``high``);
       the question names the game, not the secret (prompt templates use ``{low}``, ``{high}``).
-    - ``calculator``: arithmetic problems a·b ± c (operands from 11 to ``max_value``), as word
-      problems (``style: words``) or bare expressions (``style: plain``, short enough for
-      builtin:tiny's context), whose answer the ``calculator`` tool computes;
-      ``metadata.tool_calls`` is the expert's call.
+    - ``calculator``: arithmetic problems a·b ± c (a, b from ``min_value`` (default 11) and c from
+      11 to ``max_value``), as word problems (``style: words``) or bare expressions (``style: plain``,
+      short enough for builtin:tiny's context), whose answer the ``calculator`` tool computes;
+      ``metadata.operator`` is + or −, ``metadata.tool_calls`` the expert's call.
     """
     rng = random.Random(seed)
     if name == "guess_number":
@@ -171,19 +171,19 @@ def builtin_task_entries(name: str, params: dict[str, Any], size: int, seed: int
                  "metadata": {"low": low, "high": high, "secret": secret}}
                 for i, secret in enumerate(rng.randint(low, high) for _ in range(size))]
     if name == "calculator":
-        top, style = int(params.get("max_value", 99)), params.get("style", "words")
+        low, top, style = int(params.get("min_value", 11)), int(params.get("max_value", 99)), params.get("style", "words")
         if style not in ("words", "plain"):
             raise ValueError(f"params.style must be 'words' or 'plain', got {style!r}")
         entries = []
         for _ in range(size):
-            a, b, c = rng.randint(11, top), rng.randint(11, top), rng.randint(11, top)
-            template, expression = rng.choice(_PROBLEMS)
-            expression = expression.format(a=a, b=b, c=c)
-            question = (template.format(n=rng.choice(_NAMES), a=a, b=b, c=c) if style == "words"
+            a, b, c = rng.randint(low, top), rng.randint(low, top), rng.randint(11, top)
+            operator = rng.choice("+-")
+            expression = f"{a}*{b}{operator}{c}"
+            question = (_PROBLEMS[operator].format(n=rng.choice(_NAMES), a=a, b=b, c=c) if style == "words"
                         else f"What is {expression}?")
             entries.append({"question": question,
                             "answer": calculator(expression),
-                            "metadata": {"expression": expression, "tool_calls": [
+                            "metadata": {"expression": expression, "operator": operator, "tool_calls": [
                                 {"name": "calculator", "arguments": {"expression": expression}}]}})
         return entries
     raise ValueError(f"unknown built-in taskset {name!r}; built in: guess_number, calculator")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import pytest
 import pyarrow.compute as pc
 import torch
 
@@ -79,6 +80,33 @@ def test_the_warm_start_ends_at_the_first_check_that_reaches_warmup_until(tmp_pa
     explorer, policy = campaign.engine.model.state_dict(), campaign.trainer.unwrapped.state_dict()
     assert all(torch.equal(explorer[k], policy[k]) for k in policy)
     assert campaign.evaluate(campaign.train_tasks[:64])["accuracy/held_out"] == max(checks)
+
+
+def test_warmup_check_by_takes_the_lowest_group_and_names_a_missing_key(tmp_path, default_config, small):
+    calculator = ["taskset.source=builtin:calculator", "taskset.workflow=tool_use", "taskset.domain=tools",
+                  "taskset.size=100", "taskset.eval_size=8", "reward.function=score_answer",
+                  "explorer.max_new_tokens=40", "eval.max_new_tokens=40", "trainer.warmup_steps=2",
+                  "trainer.warmup_until=1.0", "trainer.warmup_check_every=1"]
+    run = CampaignRun(preflight(default_config, tmp_path / "by", [*small, *calculator,
+                                                                 "trainer.warmup_check_by=operator"]))
+    campaign = run.campaign
+    campaign.prepare()
+    groups = campaign.warm_check_groups()
+    assert len(groups) == 2 and sum(len(g) for g in groups) == 64
+    assert sorted(t.metadata["operator"] for g in groups for t in g[:1]) == ["+", "-"]
+    assert all(len({t.metadata["operator"] for t in g}) == 1 for g in groups)
+    seen, evaluate = [], campaign.evaluate  # the check evaluates each group and takes the lowest
+    campaign.evaluate = lambda tasks, engine: seen.append((tasks, evaluate(tasks, engine))) or seen[-1][1]
+    check = campaign.warm_accuracy()
+    assert [tasks for tasks, _ in seen] == groups
+    assert check == min(result["accuracy/held_out"] for _, result in seen)
+
+    missing = CampaignRun(preflight(default_config, tmp_path / "missing", [*small, *calculator,
+                                                                          "trainer.warmup_check_by=level"]))
+    missing.campaign.prepare()
+    with pytest.raises(ValueError, match="trainer.warmup_check_by: task .* has no metadata key 'level'"):
+        missing.campaign.warm_start()
+    assert missing.campaign.trainer.steps == 0  # it failed before any step
 
 
 def test_an_explorer_and_a_trainer_alone_and_bench_run_episodes(tmp_path, default_config, small, warm):
