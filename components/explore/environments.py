@@ -171,7 +171,10 @@ def builtin_task_entries(name: str, params: dict[str, Any], size: int, seed: int
                  "metadata": {"low": low, "high": high, "secret": secret}}
                 for i, secret in enumerate(rng.randint(low, high) for _ in range(size))]
     if name == "calculator":
-        low, top, style = int(params.get("min_value", 11)), int(params.get("max_value", 99)), params.get("style", "words")
+        low, top = int(params.get("min_value", 11)), int(params.get("max_value", 99))
+        style = params.get("style", "words")
+        if not 1 <= low <= top:
+            raise ValueError(f"params.min_value must be from 1 to params.max_value ({top}), got {low}")
         if style not in ("words", "plain"):
             raise ValueError(f"params.style must be 'words' or 'plain', got {style!r}")
         entries = []

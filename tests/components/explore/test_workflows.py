@@ -269,3 +269,17 @@ def test_episode_seconds_ends_a_rounds_episodes_as_timeouts_and_they_are_not_fai
     checked = check_round(table, {t.task_id: t for t in tasks}, make_rewards(cfg.reward, cfg.taskset), "env_return",
                           ContractBounds(), [], seed=0)
     assert checked.verdict.quarantined.num_rows == 0  # kept, with the reward they earned
+
+
+def test_the_calculator_taskset_draws_operands_from_min_value_and_names_its_operator():
+    from rftflow.components.explore.environments import builtin_task_entries
+
+    entries = builtin_task_entries("calculator", {"min_value": 34, "style": "plain"}, 200, seed=0)
+    for e in entries:
+        a, rest = e["metadata"]["expression"].split("*")
+        b, c = rest.replace("-", "+").split("+")
+        assert 34 <= int(a) <= 99 and 34 <= int(b) <= 99 and 11 <= int(c) <= 99
+        assert e["metadata"]["operator"] in e["metadata"]["expression"] and len(e["answer"]) == 4
+    assert {e["metadata"]["operator"] for e in entries} == {"+", "-"}
+    with pytest.raises(ValueError, match=r"params.min_value must be from 1 to params.max_value \(99\), got 120"):
+        builtin_task_entries("calculator", {"min_value": 120}, 1, seed=0)
