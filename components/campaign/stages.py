@@ -247,9 +247,9 @@ class Campaign:
             metrics["warmup/check_accuracy"] = self.warm_accuracy()
             return metrics["warmup/check_accuracy"] >= tc.warmup_until
 
-        if steps and tc.warmup_until is not None:
-            self.warm_check_groups()  # a missing metadata key fails here, before any step
         if steps:
+            if tc.warmup_until is not None:
+                self.warm_check_groups()  # a missing metadata key fails here, before any step
             last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), tc.warmup_lr, step_done)
             self.policy_version += 1
             metrics.update({"warmup/steps": float(done), "warmup/loss_sft": last.get("loss/sft", float("nan"))})
