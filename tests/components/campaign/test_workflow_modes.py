@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import duckdb
-import pytest
 import pyarrow.compute as pc
+import pytest
 import torch
 
 from rftflow.components.buffer.experiences import ExperienceStore

@@ -14,6 +14,7 @@ import torch
 
 from rftflow.components.config import WorkflowConfig
 from rftflow.components.data.contracts import ContractBounds, check_experiences
+from rftflow.components.explore.environments import builtin_task_entries
 from rftflow.components.explore.workflows import Sampling
 from rftflow.components.explore.workflows.episodes import ChatFormat
 from rftflow.components.train.batching import batch_tensors, response_logprobs
@@ -272,8 +273,6 @@ def test_episode_seconds_ends_a_rounds_episodes_as_timeouts_and_they_are_not_fai
 
 
 def test_the_calculator_taskset_draws_operands_from_min_value_and_names_its_operator():
-    from rftflow.components.explore.environments import builtin_task_entries
-
     entries = builtin_task_entries("calculator", {"min_value": 34, "style": "plain"}, 200, seed=0)
     for e in entries:
         a, rest = e["metadata"]["expression"].split("*")
