@@ -10,7 +10,7 @@ the engine holds the weights itself, ``holds(weights, names)``, which the sync c
 
 - ``hf``: a transformers model in this process, a batched decode loop with a KV cache.
 - ``openai``: OpenAI-compatible completions servers (``vllm serve``; one, or a pool of replicas), over HTTP.
-- ``vllm``: vLLM in this process, on a GPU.
+- ``vllm``: vLLM in this process, on a GPU (a LoRA policy's adapter loaded as vLLM's LoRA).
 
 Sampling draws from the full distribution at ``temperature`` (no top-k/top-p), so the recorded
 log-probs log softmax(logits / temperature)[token] are the behaviour policy's; a response ends at
@@ -316,15 +316,23 @@ def _ok(replica: Replica, response, path: str) -> None:
 class VLLMRolloutEngine:
     """vLLM in this process, on a GPU: ``vllm.LLM`` over the model directory; after a sync the
     new weights are loaded in place (``reload_weights`` on the workers), no restart. Prompts go as
-    token ids; each sampled token's log-prob comes back with it (``logprobs=0``)."""
+    token ids; each sampled token's log-prob comes back with it (``logprobs=0``).
+
+    With ``lora`` (a LoRA campaign's ``LoraConfig``) vLLM runs with LoRA enabled and a sync loads
+    the trainer's adapter (``load_adapter``) instead of merged weights: each sync is a new
+    ``LoRARequest`` (a new id, so vLLM reads the new files), and responses are sampled with the
+    newest one; before the first sync, with the base."""
 
     def __init__(self, model_dir: str, tokenizer: PreTrainedTokenizerBase, *, chat_template: bool = False,
-                 dtype: str = "auto", gpu_memory_utilization: float = 0.3, seed: int = 0):
+                 dtype: str = "auto", gpu_memory_utilization: float = 0.3, seed: int = 0, lora=None):
         from vllm import LLM  # the `vllm` extra, on a GPU machine
 
         self.tokenizer, self.chat_template = tokenizer, chat_template
+        adapters = {} if lora is None else {"enable_lora": True, "max_lora_rank": lora.rank, "max_loras": 1}
         self.llm = LLM(model=str(model_dir), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                       enforce_eager=True, seed=seed)
+                       enforce_eager=True, seed=seed, **adapters)
+        self.lora, self.lora_request = lora is not None, None  # the newest synced adapter's request
+        self._adapter_files: weakref.finalize | None = None  # removes the newest adapter's directory
         try:  # vLLM stops where the model's generation config says, as the hf engine does
             generation = GenerationConfig.from_pretrained(model_dir)
         except OSError:
@@ -346,7 +354,8 @@ class VLLMRolloutEngine:
 
         params = SamplingParams(n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
                                 top_p=1.0, top_k=-1, logprobs=0)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False,
+                                    lora_request=self.lora_request)
         groups = []
         for ids, out in zip(encoded, outputs):
             group = []
@@ -365,6 +374,23 @@ class VLLMRolloutEngine:
         with tempfile.TemporaryDirectory(prefix="rftflow-weights-") as out:
             save_file(cpu_copies(weights), str(Path(out) / "model.safetensors"))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": out})
+
+    def load_adapter(self, write: Callable[[Path], None]) -> bool:
+        """A LoRA policy's sync: the adapter ``write(dir)`` writes becomes the one responses are
+        sampled with (a new ``LoRARequest``; vLLM reads its files at the next ``generate``). False,
+        nothing loaded, when the engine runs without LoRA: the caller reloads merged weights."""
+        if not self.lora:
+            return False
+        from vllm.lora.request import LoRARequest
+
+        out = Path(tempfile.mkdtemp(prefix="rftflow-adapter-"))
+        write(out)
+        number = self.lora_request.lora_int_id + 1 if self.lora_request else 1
+        self.lora_request = LoRARequest(ADAPTER_NAME, number, str(out))
+        if self._adapter_files is not None:  # the one before: vLLM read it when it sampled with it
+            self._adapter_files()
+        self._adapter_files = weakref.finalize(self, shutil.rmtree, str(out), True)
+        return True
 
 
 def stop_token_ids(generation_config, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -417,5 +443,6 @@ def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizer
         from rftflow.components.explore.models import resolve_model_path
 
         model_dir = resolve_model_path(model_config.path, allow_download=model_config.allow_download)
-        return VLLMRolloutEngine(model_dir, tokenizer, chat_template=chat_template, seed=seed)
+        return VLLMRolloutEngine(model_dir, tokenizer, chat_template=chat_template, seed=seed,
+                                 lora=model_config.lora)
     return HFRolloutEngine(model, tokenizer, batch_size=explorer.batch_size, chat_template=chat_template)

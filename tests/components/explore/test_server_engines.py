@@ -18,6 +18,7 @@ from rftflow.infra.vllm_server import VLLM_VENV, vllm_available, vllm_server
 # behaviour log-probs from the server vs the trainer's recomputation (float32 on both sides; vLLM's
 # CPU kernels sum in another order than torch's)
 LOGPROB_TOLERANCE = 1e-3
+BF16_LOGPROB_TOLERANCE = 0.05  # mean, the engine in bfloat16 (vLLM's LoRA kernels), the trainer in float32
 
 needs_server = pytest.mark.skipif(not vllm_available(),
                                   reason=f"no vLLM CPU virtualenv at {VLLM_VENV}: build it with infra/vllm_cpu_env.sh")
@@ -114,6 +115,49 @@ def test_vllm_engine_logprobs_agree_with_the_trainer(tiny):
     worst = max(abs(a - b) for r, theirs in zip(rollouts, _recomputed(model, rollouts, 1.0))
                 for a, b in zip(r.logprobs, theirs))
     assert worst < LOGPROB_TOLERANCE, worst
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the in-process vLLM engine needs a GPU (none here)")
+def test_vllm_engine_samples_with_the_adapter_the_trainer_synced(tiny):
+    """A LoRA policy on the in-process engine: the sync loads the trainer's adapter as vLLM's LoRA,
+    and the log-probs then agree with the trainer's adapted model, not with the base (the check
+    that tells a sync that did not arrive)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed in this environment (pip install vllm, on a GPU machine)")
+    from rftflow.components.config import LoraConfig
+    from rftflow.components.explore.engines import VLLMRolloutEngine
+    from rftflow.components.explore.models import resolve_model_path
+    from rftflow.components.explore.sync import MemoryWeightSync
+    from rftflow.components.train import adapters
+
+    lora = LoraConfig(rank=8, alpha=16)
+    policy, tokenizer = adapters.wrap(copy.deepcopy(tiny[0]), lora), tiny[1]
+    with torch.no_grad():  # the adapter moved as training would move it (B starts at 0)
+        generator = torch.Generator().manual_seed(0)
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+    # vLLM's LoRA kernels take float16 or bfloat16 (``dtype="auto"`` gives bfloat16 for a float32 model)
+    engine = VLLMRolloutEngine(resolve_model_path("builtin:tiny"), tokenizer, dtype="bfloat16", lora=lora)
+    sync = MemoryWeightSync(lambda: adapters.merged_weights(policy), engine,
+                            adapter=lambda out: adapters.save_adapter(policy, out, base="builtin:tiny"))
+    def mean_difference(rollouts) -> float:  # engine's vs trainer's log-probs, per sampled token
+        pairs = [(a, b) for r, ours in zip(rollouts, _recomputed(policy, rollouts, 1.0))
+                 for a, b in zip(r.logprobs, ours)]
+        return sum(abs(a - b) for a, b in pairs) / len(pairs)
+
+    for version in (1, 2):  # the second sync's adapter differs: vLLM must read the new files
+        sync.publish(version)
+        assert engine.lora_request is not None  # the adapter went, not merged weights
+        rollouts = [r for g in engine.generate(["1 + 2 =", "34 + 5 ="], n=4, max_new_tokens=6) for r in g]
+        adapted = mean_difference(rollouts)
+        with policy.disable_adapter():
+            base = mean_difference(rollouts)
+        print(f"sync {version}: mean |log-prob difference| adapter {adapted:.4f}, base {base:.4f}")
+        assert adapted < BF16_LOGPROB_TOLERANCE and base > 4 * adapted, (version, adapted, base)
+        with torch.no_grad():
+            for name, p in policy.named_parameters():
+                if "lora_B" in name:
+                    p.neg_()
 
 
 @needs_server
