@@ -372,6 +372,11 @@ class TrainerConfig(_Section):
         "process only.",
     )
     warmup_check_every: int = Field(25, gt=0, description="Warm-start steps between the checks of `warmup_until`.")
+    warmup_check_near: float | None = Field(
+        None, gt=0, le=1, description="Once a check reaches this share (below `warmup_until`), check every step: a "
+        "jump that crosses the bar within a few steps is then stopped at the first step past it (None: every "
+        "`warmup_check_every` steps throughout).",
+    )
     warmup_check_by: str | None = Field(
         None, description="A task metadata key: the `warmup_until` check groups its tasks by this key's value and "
         "takes the lowest group's share solved, so every kind of task must reach the bar, not only their mix (a "
@@ -382,6 +387,10 @@ class TrainerConfig(_Section):
     def _until_needs_one_process(self) -> TrainerConfig:
         if self.warmup_until is not None and self.processes > 1:
             raise ValueError(f"trainer.warmup_until needs one trainer process (trainer.processes is {self.processes})")
+        if self.warmup_check_near is not None and (self.warmup_until is None
+                                                   or self.warmup_check_near >= self.warmup_until):
+            raise ValueError(f"trainer.warmup_check_near ({self.warmup_check_near}) needs a trainer.warmup_until "
+                             f"above it (it is {self.warmup_until})")
         return self
 
 

@@ -230,22 +230,23 @@ class Campaign:
         version 0, so an explorer process knows the trainer is there). A stop asked for meanwhile
         ends it after the current step (``StopRequested``): nothing of it is kept, a resume starts
         it over. With ``trainer.warmup_until`` it ends at the first check (every
-        ``warmup_check_every`` steps) where ``warm_accuracy`` reaches it (on every group of
-        ``warmup_check_by``)."""
+        ``warmup_check_every`` steps, every step after one that reached ``warmup_check_near``) where
+        ``warm_accuracy`` reaches it (on every group of ``warmup_check_by``)."""
         tc = self.cfg.trainer
-        steps, metrics, done = tc.warmup_steps, {}, 0
+        steps, metrics, done, near = tc.warmup_steps, {}, 0, False
 
         def step_done(step: int, step_metrics: dict[str, float]) -> bool:
-            nonlocal done
+            nonlocal done, near
             if self.stop.reason:
                 raise StopRequested(f"stopped ({self.stop.reason}) at step {step} of the warm start")
             done = step
             if progress is not None:
                 progress(step, step_metrics)
-            if tc.warmup_until is None or step % tc.warmup_check_every:
+            if tc.warmup_until is None or (step % tc.warmup_check_every and not near):
                 return False
-            metrics["warmup/check_accuracy"] = self.warm_accuracy()
-            return metrics["warmup/check_accuracy"] >= tc.warmup_until
+            metrics["warmup/check_accuracy"] = accuracy = self.warm_accuracy()
+            near = near or (tc.warmup_check_near is not None and accuracy >= tc.warmup_check_near)
+            return accuracy >= tc.warmup_until
 
         if steps:
             if tc.warmup_until is not None:

@@ -34,6 +34,9 @@ BAD = {
     "early warm-start end on two processes": (
         ["trainer.warmup_until=0.5", "trainer.processes=2"],
         "trainer.warmup_until needs one trainer process (trainer.processes is 2)"),
+    "warm-start checks near a bar that is not above": (
+        ["trainer.warmup_until=0.4", "trainer.warmup_check_near=0.5"],
+        "trainer.warmup_check_near (0.5) needs a trainer.warmup_until above it (it is 0.4)"),
 }
 
 

@@ -82,6 +82,19 @@ def test_the_warm_start_ends_at_the_first_check_that_reaches_warmup_until(tmp_pa
     assert campaign.evaluate(campaign.train_tasks[:64])["accuracy/held_out"] == max(checks)
 
 
+def test_warmup_check_near_checks_every_step_once_a_check_reaches_it(tmp_path, default_config, small):
+    run = CampaignRun(preflight(default_config, tmp_path / "near", [
+        *small, *GAME, "trainer.warmup_steps=30", "trainer.warmup_until=0.8", "trainer.warmup_check_every=5",
+        "trainer.warmup_check_near=0.4"]))
+    campaign, step, checked = run.campaign, [0], []
+    scripted = iter([0.1, 0.5, 0.0, 0.3, 0.9])  # the 2nd reaches 0.4: every step from then on, lower or not
+    campaign.warm_accuracy = lambda: checked.append(step[0]) or next(scripted)
+    campaign.prepare()
+    metrics = campaign.warm_start(progress=lambda done, _: step.__setitem__(0, done))
+    assert checked == [5, 10, 11, 12, 13]
+    assert metrics["warmup/steps"] == 13 and metrics["warmup/check_accuracy"] == 0.9
+
+
 def test_warmup_check_by_takes_the_lowest_group_and_names_a_missing_key(tmp_path, default_config, small):
     calculator = ["taskset.source=builtin:calculator", "taskset.workflow=tool_use", "taskset.domain=tools",
                   "taskset.size=100", "taskset.eval_size=8", "reward.function=score_answer",

@@ -54,7 +54,7 @@ def test_grpo_on_episodes_raises_the_success_of_a_multi_turn_game(tmp_path):
 @pytest.mark.slow
 def test_grpo_with_a_calculator_tool_raises_held_out_accuracy(tmp_path):
     """configs/calculator-tools.yaml at 10 rounds (the config runs 20), seed 0: the warm start stops
-    once the greedy policy solves 40% of the addition and of the subtraction problems among 64
+    once the greedy policy solves 60% of the addition and of the subtraction problems among 64
     training problems, and GRPO on the policy's own episodes (tool responses masked) then raises the
     sampled reward and the greedy accuracy on held-out problems."""
     config = Path(__file__).resolve().parents[3] / "configs" / "calculator-tools.yaml"
@@ -67,6 +67,6 @@ def test_grpo_with_a_calculator_tool_raises_held_out_accuracy(tmp_path):
     first, last = statistics.mean(rewards[:3]), statistics.mean(rewards[-3:])
     print(f"warm start: {warm['warmup/steps']:.0f} steps, check {warm['warmup/check_accuracy']:.3f}; sampled "
           f"reward rounds 1-3 {first:.3f} → 8-10 {last:.3f}; held-out greedy {held_out_before:.3f} → {held_out_after:.3f}")
-    assert warm["warmup/check_accuracy"] >= 0.4 and warm["warmup/steps"] < 600  # it stopped at the check
+    assert warm["warmup/check_accuracy"] >= 0.6 and warm["warmup/steps"] < 600  # it stopped at the check
     assert last >= first + 0.05, (first, last, rewards)
     assert held_out_after > held_out_before, (held_out_before, held_out_after, rewards)
