@@ -254,6 +254,11 @@ class Campaign:
             last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), tc.warmup_lr, step_done)
             self.policy_version += 1
             metrics.update({"warmup/steps": float(done), "warmup/loss_sft": last.get("loss/sft", float("nan"))})
+            check = metrics.get("warmup/check_accuracy")
+            if tc.warmup_until is not None and (check is None or check < tc.warmup_until):
+                log.warning("the warm start ran all %d steps without reaching trainer.warmup_until %g (last check: "
+                            "%s); the rounds start from there", done, tc.warmup_until,
+                            "none" if check is None else f"{check:.3f}")
         self.weights.publish(self.policy_version)
         return metrics
 

@@ -58,7 +58,7 @@ def test_both_and_async_run_episodes_and_log_their_metrics(tmp_path, default_con
         assert all(0 <= r - v <= 1 for v in versions)
 
 
-def test_the_warm_start_ends_at_the_first_check_that_reaches_warmup_until(tmp_path, default_config, small):
+def test_the_warm_start_ends_at_the_first_check_that_reaches_warmup_until(tmp_path, default_config, small, caplog):
     def warm_start(name: str, until: float) -> tuple[dict[str, float], list[float], CampaignRun]:
         run = CampaignRun(preflight(default_config, tmp_path / name, [
             *small, *GAME, "trainer.warmup_steps=30", f"trainer.warmup_until={until}", "trainer.warmup_check_every=5"]))
@@ -70,10 +70,13 @@ def test_the_warm_start_ends_at_the_first_check_that_reaches_warmup_until(tmp_pa
 
     metrics, checks, _ = warm_start("all", 1.0)  # never reached: every step runs, checked every 5
     assert metrics["warmup/steps"] == 30 and len(checks) == 6 and max(checks) > 0
+    assert f"the warm start ran all 30 steps without reaching trainer.warmup_until 1 (last check: {checks[-1]:.3f})" \
+        in caplog.text
+    caplog.clear()
     first = next(i for i, c in enumerate(checks) if c == max(checks))
     metrics, again, run = warm_start("early", max(checks))  # the same campaign stops at the first check reaching it
     assert again == checks[:first + 1] and metrics["warmup/steps"] == 5 * (first + 1)
-    assert metrics["warmup/check_accuracy"] == max(checks)
+    assert metrics["warmup/check_accuracy"] == max(checks) and "without reaching" not in caplog.text
     # no step after the check that ended it, and the explorer got those weights: its greedy accuracy
     # on the same training tasks is the check's (decoded the same way, from its own copy)
     campaign = run.campaign
