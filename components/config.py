@@ -384,7 +384,7 @@ class TrainerConfig(_Section):
     )
 
     @model_validator(mode="after")
-    def _until_needs_one_process(self) -> TrainerConfig:
+    def _warm_start_checks(self) -> TrainerConfig:
         if self.warmup_until is not None and self.processes > 1:
             raise ValueError(f"trainer.warmup_until needs one trainer process (trainer.processes is {self.processes})")
         if self.warmup_check_near is not None and (self.warmup_until is None
