@@ -253,12 +253,6 @@ class OpenAIRolloutEngine:
         return Rollout(prompt_ids=list(prompt), response_ids=ids, logprobs=logprobs[:len(ids)],
                        text=self.tokenizer.decode(ids, skip_special_tokens=True), finished=finished)
 
-    def _keep_files(self, out: Path) -> None:
-        """``out`` is the newest sync's directory: the one before it goes, this one at the end."""
-        if self._synced_files is not None:
-            self._synced_files()
-        self._synced_files = weakref.finalize(self, shutil.rmtree, str(out), True)
-
     def load_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
         """Every live server reloads its weights, in place: they are written as safetensors to a
         directory it reads (``/collective_rpc`` ``reload_weights``; servers run with ``VLLM_SERVER_DEV_MODE=1``)."""
@@ -270,7 +264,7 @@ class OpenAIRolloutEngine:
         except BaseException:
             shutil.rmtree(out, ignore_errors=True)
             raise
-        self._keep_files(out)
+        self._synced_files = newest_files(self, out, self._synced_files)
 
     def load_adapter(self, write: Callable[[Path], None]) -> bool:
         """A LoRA policy's sync where the servers load adapters at run time (vLLM with
@@ -299,7 +293,7 @@ class OpenAIRolloutEngine:
         except BaseException:
             shutil.rmtree(out, ignore_errors=True)
             raise
-        self._keep_files(out)
+        self._synced_files = newest_files(self, out, self._synced_files)
         self.adapters = True
         return True
 
@@ -387,10 +381,16 @@ class VLLMRolloutEngine:
         write(out)
         number = self.lora_request.lora_int_id + 1 if self.lora_request else 1
         self.lora_request = LoRARequest(ADAPTER_NAME, number, str(out))
-        if self._adapter_files is not None:  # the one before: vLLM read it when it sampled with it
-            self._adapter_files()
-        self._adapter_files = weakref.finalize(self, shutil.rmtree, str(out), True)
+        self._adapter_files = newest_files(self, out, self._adapter_files)  # vLLM read the one before
         return True
+
+
+def newest_files(owner, out: Path, before: weakref.finalize | None) -> weakref.finalize:
+    """``out`` is ``owner``'s newest synced directory: the one ``before`` removes goes now, ``out``
+    when ``owner`` does (the returned finalizer, for the next call)."""
+    if before is not None:
+        before()
+    return weakref.finalize(owner, shutil.rmtree, str(out), True)
 
 
 def stop_token_ids(generation_config, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
