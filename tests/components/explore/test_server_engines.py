@@ -131,15 +131,16 @@ def test_vllm_engine_samples_with_the_adapter_the_trainer_synced(tiny):
 
     lora = LoraConfig(rank=8, alpha=16)
     policy, tokenizer = adapters.wrap(copy.deepcopy(tiny[0]), lora), tiny[1]
+    lora_b = [p for name, p in policy.named_parameters() if "lora_B" in name]
+    generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # the adapter moved as training would move it (B starts at 0)
-        generator = torch.Generator().manual_seed(0)
-        for name, p in policy.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+        for p in lora_b:
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
     # vLLM's LoRA kernels take float16 or bfloat16 (``dtype="auto"`` gives bfloat16 for a float32 model)
     engine = VLLMRolloutEngine(resolve_model_path("builtin:tiny"), tokenizer, dtype="bfloat16", lora=lora)
     sync = MemoryWeightSync(lambda: adapters.merged_weights(policy), engine,
                             adapter=lambda out: adapters.save_adapter(policy, out, base="builtin:tiny"))
+
     def mean_difference(rollouts) -> float:  # engine's vs trainer's log-probs, per sampled token
         pairs = [(a, b) for r, ours in zip(rollouts, _recomputed(policy, rollouts, 1.0))
                  for a, b in zip(r.logprobs, ours)]
@@ -155,9 +156,8 @@ def test_vllm_engine_samples_with_the_adapter_the_trainer_synced(tiny):
         print(f"sync {version}: mean |log-prob difference| adapter {adapted:.4f}, base {base:.4f}")
         assert adapted < BF16_LOGPROB_TOLERANCE and base > 4 * adapted, (version, adapted, base)
         with torch.no_grad():
-            for name, p in policy.named_parameters():
-                if "lora_B" in name:
-                    p.neg_()
+            for p in lora_b:
+                p.neg_()
 
 
 @needs_server
