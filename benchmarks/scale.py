@@ -21,6 +21,7 @@ rounds; run 1, 2, 2, 1 processes, the mean of each. Beside each figure, the capa
 prediction (docs/capacity.md): a step of P processes takes C_P/P + A(P), C_P a one-process step
 while P independent trainers compute at once (measured after each 2-process run) and A(P) an
 all-reduce of the gradients among P processes (timed in the P-process run before it trains).
+``--fsdp`` adds 2 processes that shard the model (``trainer.fsdp``) after each 2-process run.
 
     python benchmarks/scale.py --rollout
     python benchmarks/scale.py --rollout --model /path/to/hf-model-dir --tokens 64
@@ -136,7 +137,8 @@ def train_worker(args) -> None:
     model, tokenizer = load_model(args.model)
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     trainer = Trainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-5, micro_batch_size=args.micro,
-                                                                   processes=processes), resolve("grpo"))
+                                                                   processes=processes, fsdp=args.fsdp),
+                      resolve("grpo"))
     rng = random.Random(0)
     vocab = model.config.vocab_size
     rows = [{"prompt_ids": [rng.randrange(3, vocab) for _ in range(16)],
@@ -146,7 +148,7 @@ def train_worker(args) -> None:
     steps = [list(range(s, min(s + args.micro, args.rows))) for s in range(0, args.rows, args.micro)]
     allreduce = 0.0
     if processes > 1:  # the gradients' all-reduce alone: A(P) of the capacity model
-        flat = torch.zeros(sum(p.numel() for p in trainer.unwrapped.parameters() if p.requires_grad))
+        flat = torch.zeros(sum(p.numel() for p in model.parameters() if p.requires_grad))
         times = []
         for _ in range(5):
             dist.barrier()
@@ -164,10 +166,10 @@ def train_worker(args) -> None:
                                               "rows_per_step": args.rows / len(steps)}))
 
 
-def trainer_run(processes: int, args, work: Path, *, apart: bool = False) -> list[dict]:
-    """A ``train_worker`` run in ``processes`` data-parallel processes (rank 0's figures), or with
-    ``apart`` as many independent one-process trainers at once, each on its share (1/``processes``)
-    of every micro-batch (each one's figures)."""
+def trainer_run(processes: int, args, work: Path, *, apart: bool = False, sharded: bool = False) -> list[dict]:
+    """A ``train_worker`` run in ``processes`` data-parallel processes (rank 0's figures; ``sharded``:
+    with ``trainer.fsdp``), or with ``apart`` as many independent one-process trainers at once, each
+    on its share (1/``processes``) of every micro-batch (each one's figures)."""
     import json
 
     outs = [work / f"train-{processes}-{k}-{time.monotonic_ns()}.json" for k in range(processes if apart else 1)]
@@ -175,7 +177,7 @@ def trainer_run(processes: int, args, work: Path, *, apart: bool = False) -> lis
     def worker(out: Path) -> list[str]:
         return [str(Path(__file__).resolve()), "--train-worker", "--out", str(out), "--model", args.model,
                 "--rows", str(args.rows), "--micro", str(args.micro // processes if apart else args.micro),
-                "--tokens", str(args.tokens), "--train-rounds", str(args.train_rounds)]
+                "--tokens", str(args.tokens), "--train-rounds", str(args.train_rounds), *(["--fsdp"] * sharded)]
 
     if apart or processes == 1:
         launches = [[sys.executable, *worker(out)] for out in outs]
@@ -197,9 +199,12 @@ def trainer_scaling(args, work: Path) -> list[tuple[str, int, float, float]]:
     The capacity model: a data-parallel step of P processes takes S_P + A(P), where S_P is a
     one-process step on 1/P of the micro-batch while P such trainers run at once (its share of the
     rows, the whole optimizer step, and what the cores, caches and memory give each: measured with
-    P independent trainers) and A(P) the gradients' all-reduce."""
+    P independent trainers) and A(P) the gradients' all-reduce. With ``--fsdp``, 2 processes that
+    shard the model too: their step moves the weights twice (gathered for the forward and again for
+    the backward) and the gradients once (reduce-scattered), 3 model volumes where the all-reduce
+    moves 2, so the model's step is S_2 + 1.5 A(2)."""
     runs: dict[int, list[dict]] = {1: [], 2: []}
-    apart: list[dict] = []
+    apart, sharded = [], []
     for processes in (1, 2, 2, 1):  # ABBA, as for the explorers
         runs[processes] += trainer_run(processes, args, work)
         figures = runs[processes][-1]
@@ -209,6 +214,11 @@ def trainer_scaling(args, work: Path) -> list[tuple[str, int, float, float]]:
             apart += trainer_run(2, args, work, apart=True)
             print(f"2 independent trainers at once, micro-batches of {args.micro // 2}: "
                   f"{statistics.mean(f['step_seconds'] for f in apart[-2:]) * 1e3:.0f} ms a step each", flush=True)
+            if args.fsdp:
+                sharded += trainer_run(2, args, work, sharded=True)
+                figures = sharded[-1]
+                print(f"2 trainer processes, the model sharded: {figures['rows_per_step'] / figures['step_seconds']:.1f}"
+                      " samples/s", flush=True)
     rows_per_step = runs[1][0]["rows_per_step"]
     compute = {1: statistics.mean(r["step_seconds"] for r in runs[1]),
                2: statistics.mean(r["step_seconds"] for r in apart)}
@@ -217,6 +227,10 @@ def trainer_scaling(args, work: Path) -> list[tuple[str, int, float, float]]:
         step = statistics.mean(r["step_seconds"] for r in measured)
         allreduce = statistics.mean(r["allreduce_seconds"] for r in measured)
         out.append(("trainer processes", processes, rows_per_step / step, rows_per_step / (compute[processes] + allreduce)))
+    if sharded:
+        step = statistics.mean(r["step_seconds"] for r in sharded)
+        allreduce = statistics.mean(r["allreduce_seconds"] for r in runs[2])
+        out.append(("sharded (fsdp)", 2, rows_per_step / step, rows_per_step / (compute[2] + 1.5 * allreduce)))
     print(f"capacity model: S_1 {compute[1] * 1e3:.0f} ms, S_2 {compute[2] * 1e3:.0f} ms a step", flush=True)
     return out
 
@@ -235,6 +249,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256, help="trainer: rows a round")
     parser.add_argument("--micro", type=int, default=64, help="trainer: rows a micro-batch (an optimizer step)")
     parser.add_argument("--train-rounds", type=int, default=3, help="trainer: timed rounds")
+    parser.add_argument("--fsdp", action="store_true", help="trainer: and 2 processes that shard the model")
     parser.add_argument("--train-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -352,6 +352,13 @@ class TrainerConfig(_Section):
         "is the one-process update (gloo on CPU, NCCL on GPUs). `rftflow run` launches them itself, or run it under "
         "`accelerate launch --config_file infra/accelerate/ddp.yaml --num_processes N -m rftflow run …`. Rank 0 runs the campaign; a campaign resumes only with the number it started with.",
     )
+    fsdp: bool = Field(
+        False, description="Shard the policy's parameters, gradients and AdamW state across the trainer processes "
+        "(PyTorch FSDP2: each decoder layer, then the whole model), for a policy whose training state does not fit "
+        "one device; launched as `processes` are. The update is the data-parallel one; rank 0 gathers the whole "
+        "policy into CPU memory after each update (for the explorer, checkpoints and the registry). Needs "
+        "`processes` > 1; not with `model.lora`, a critic (PPO) or a reference model (KL, DPO).",
+    )
     min_lr: float | None = Field(
         None, gt=0, description="If set, the learning rate decays over the rounds from `lr` to this by a cosine; "
         "None keeps `lr` constant.",
@@ -384,9 +391,11 @@ class TrainerConfig(_Section):
     )
 
     @model_validator(mode="after")
-    def _warm_start_checks(self) -> TrainerConfig:
+    def _cross_checks(self) -> TrainerConfig:
         if self.warmup_until is not None and self.processes > 1:
             raise ValueError(f"trainer.warmup_until needs one trainer process (trainer.processes is {self.processes})")
+        if self.fsdp and self.processes < 2:
+            raise ValueError("trainer.fsdp shards the policy across trainer processes: set trainer.processes ≥ 2")
         if self.warmup_check_near is not None and (self.warmup_until is None
                                                    or self.warmup_check_near >= self.warmup_until):
             raise ValueError(f"trainer.warmup_check_near ({self.warmup_check_near}) needs a trainer.warmup_until "
@@ -727,6 +736,13 @@ class CampaignConfig(_Section):
             if self.explorer.task_selector == "curriculum" or self.algorithm.resolve().dynamic_sampling:
                 raise ValueError("explorer.shards > 1 needs every explorer to pick the same tasks for a round: the "
                                  "curriculum selector and dynamic sampling pick by what one explorer measured")
+        if self.trainer.fsdp:
+            algorithm = self.algorithm.resolve()
+            parts = [what for what, used in (("model.lora", self.model.lora is not None),
+                                             ("a critic (PPO)", algorithm.needs_critic),
+                                             ("a reference model (KL, DPO)", algorithm.needs_reference)) if used]
+            if parts:
+                raise ValueError(f"trainer.fsdp does not shard {' or '.join(parts)} yet: train without trainer.fsdp")
         if self.mode == "bench" and not self.bench.models:
             raise ValueError("mode 'bench' needs bench.models (checkpoint:N, model dirs or models:/name/version)")
         bound = self.algorithm.max_staleness

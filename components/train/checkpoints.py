@@ -31,13 +31,17 @@ OPTIMIZER_FILES = (OPTIMIZER, CRITIC_OPTIMIZER)  # resume state only: 2x the wei
 
 def save_trainer(trainer: Trainer, out: Path, base: str | None = None) -> None:
     """Write ``trainer``'s policy, optimizer, counters (and critic, reference) under ``out``; with
-    LoRA the policy is its adapter, naming ``base`` as its base model."""
+    LoRA the policy is its adapter, naming ``base`` as its base model. Called by several processes
+    at once (each its part of gathering a sharded optimizer state), rank 0 alone writes."""
+    optimizer = trainer.optimizer_state()
+    if trainer.rank != 0:
+        return
     out.mkdir(parents=True, exist_ok=True)
     if trainer.lora:
         adapters.save_adapter(trainer.unwrapped, out, base or trainer.unwrapped.get_base_model().name_or_path)
     else:
         trainer.unwrapped.save_pretrained(out)
-    torch.save(trainer.optimizer.state_dict(), out / OPTIMIZER)
+    torch.save(optimizer, out / OPTIMIZER)
     lr = trainer.optimizer.param_groups[0]["lr"]
     (out / "trainer.json").write_text(json.dumps({"steps": trainer.steps, "lr": lr}))
     if trainer.critic is not None:
@@ -49,14 +53,13 @@ def save_trainer(trainer: Trainer, out: Path, base: str | None = None) -> None:
 
 def load_trainer(trainer: Trainer, src: Path) -> None:
     """Restore what ``save_trainer`` wrote into ``trainer`` (made with the same config)."""
+    model = None
     if trainer.lora:
         adapters.load_adapter(trainer.unwrapped, src)
     else:
-        _copy_weights(trainer.unwrapped, AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype))
-    trainer.optimizer.load_state_dict(torch.load(src / OPTIMIZER, weights_only=True))
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype).state_dict()
     counters = json.loads((src / "trainer.json").read_text())
-    trainer.steps = counters["steps"]
-    trainer.set_lr(counters["lr"])
+    trainer.load_state(model, torch.load(src / OPTIMIZER, weights_only=True), counters["steps"], counters["lr"])
     if (src / "reference").is_dir() or (src / "critic").is_dir():
         trainer.prepare_rl_models()  # made as at the first RL round, then overwritten below
     if (src / "reference").is_dir():

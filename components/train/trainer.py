@@ -11,6 +11,13 @@ shares of the whole micro-batch (``algorithms.aggregation.shared_batch``), so th
 gradient, and the update, are those of one process with the whole batch. Only rank 0 runs the
 campaign (store, state, checkpoints, MLflow, weights); it announces each update to the others
 (``Trainer.follow``), which hold the same model and optimizer and step with it.
+
+With ``trainer.fsdp`` the processes hold a shard each of the policy, its gradients and AdamW's
+state instead (PyTorch FSDP2, ``fully_shard`` on each decoder layer and the root; the same update).
+After each update all of them gather the whole policy into rank 0's CPU copy (``unwrapped`` there),
+which is what rank 0 alone reads: the weights it publishes, checkpoints and registers. Reading the
+optimizer's whole state (``optimizer_state``) and restoring one (``load_state``) are collectives
+too, announced as updates are.
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from rftflow.components.algorithms import Algorithm, LossInputs, entropy_from_logprobs, get_loss, kl_penalty, regularized
@@ -73,12 +85,23 @@ class Trainer:
             # rank 0 alone checkpoints, publishes and checks weights: with FSDP each of those would
             # first have to gather the shards on every process
             raise ProcessCountError(f"accelerate's {self.accelerator.distributed_type.value} is not supported: "
-                                    "launch with infra/accelerate/ddp.yaml (data-parallel processes)")
+                                    "launch with infra/accelerate/ddp.yaml (the processes; set trainer.fsdp to "
+                                    "shard the model across them)")
         self.lora = lora is not None
         if self.lora:  # the base frozen, an adapter on top (PEFT); the optimizer holds the adapter's state only
             model = adapters.wrap(model, lora)
+        self.sharded = trainer.fsdp
+        self.full: PreTrainedModel | None = None  # with fsdp, rank 0's whole policy (CPU), gathered after updates
+        if self.sharded:
+            # FSDP2 itself, not accelerate's FSDP plugin: without CUDA accelerate launches that config as
+            # unconnected single processes, while fully_shard runs over gloo as over NCCL
+            self.full = copy.deepcopy(model).requires_grad_(False) if self.rank == 0 else None
+            shard(model, self.accelerator.device.type, self.processes)
         optimizer = adamw([p for p in model.parameters() if p.requires_grad], trainer.lr, trainer.weight_decay)
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        if self.sharded:  # already distributed: no DDP wrapper around it
+            self.model, self.optimizer = model, self.accelerator.prepare_optimizer(optimizer)
+        else:
+            self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         # packed or padded micro-batches (``batch_tensors``); a model (or wrapper) that cannot take the
         # packed layout never has one worked out
         self.pair_cost = attention_pair_cost(model) if packs(self.model) else None
@@ -190,7 +213,8 @@ class Trainer:
 
     @property
     def unwrapped(self) -> PreTrainedModel:
-        return self.accelerator.unwrap_model(self.model)
+        """The policy as a plain model: with fsdp rank 0's whole copy (a shard elsewhere)."""
+        return self.full if self.full is not None else self.accelerator.unwrap_model(self.model)
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """The weights an explorer samples with, under the base model's names: the policy's own
@@ -212,7 +236,10 @@ class Trainer:
     def logprobs_of(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> torch.Tensor:
         """log π(response token | context) at the sampling temperature, per response token (R,)."""
         row = {"prompt_ids": list(prompt_ids), "response_ids": list(response_ids)}
-        return response_logprobs(self.unwrapped, self._batch([row]), self.temperature)[0].cpu()
+        model = self.unwrapped
+        device = next(model.parameters()).device  # fsdp: rank 0's copy is in CPU memory
+        batch = {k: v.to(device) for k, v in batch_tensors([row], self.pad_id, self.pair_cost).items()}
+        return response_logprobs(model, batch, self.temperature)[0].cpu()
 
     def _step(self, rows: Sequence[Row], batch: Mapping[str, torch.Tensor], advantages: torch.Tensor, loss_fn,
               options: dict) -> dict[str, float]:
@@ -265,7 +292,7 @@ class Trainer:
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.steps += 1
-        return grad_norm
+        return grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
 
     def _share(self, idx: Sequence[int]):
         """This process's rows of a micro-batch (indices) and the aggregation context to step in:
@@ -329,6 +356,7 @@ class Trainer:
         metrics["train/steps"] = float(len(steps))
         if tokens:
             metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
+        self._gather()
         self.busy = False
         return metrics
 
@@ -359,8 +387,47 @@ class Trainer:
             if progress is not None and progress(step + 1, last):
                 break
         self.set_lr(final)
+        self._gather()
         self.busy = False
         return last
+
+    # fsdp -------------------------------------------------------------------------------------
+    def _gather(self) -> None:
+        """With fsdp, every process: the whole policy into rank 0's copy (``full``)."""
+        if self.sharded:
+            whole = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if self.full is not None:
+                self.full.load_state_dict(whole)  # in place: ``policy_weights`` stays a view of it
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's whole state, for a checkpoint (with fsdp gathered from every process:
+        keyed by parameter name, and whole on rank 0 only)."""
+        if not self.sharded:
+            return self.optimizer.state_dict()
+        self._announce("optimizer_state")
+        state = get_optimizer_state_dict(self.model, self.optimizer.optimizer,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        self.busy = False
+        return state
+
+    def load_state(self, model: Mapping[str, torch.Tensor] | None, optimizer: Mapping[str, Any], steps: int,
+                   lr: float) -> None:
+        """Continue from a checkpoint's policy weights (None: loaded already, a LoRA adapter),
+        optimizer state (``optimizer_state``'s), step count and learning rate. With fsdp every
+        process takes them (rank 0 sends them to the others); else the others take them from
+        ``share_state``."""
+        if self.sharded:
+            self._announce("state", {"model": model, "optimizer": optimizer, "steps": steps, "lr": lr,
+                                     "reference": None, "critic": None})
+            self._take_state({"model": model, "optimizer": optimizer, "steps": steps, "lr": lr, "reference": None,
+                              "critic": None})
+            self.busy = False
+            return
+        if model is not None:
+            self.unwrapped.load_state_dict(model)
+        self.optimizer.load_state_dict(optimizer)
+        self.steps = steps
+        self.set_lr(lr)
 
     # several processes ----------------------------------------------------------------------
     def _announce(self, command: str, *args: Any) -> None:
@@ -372,7 +439,7 @@ class Trainer:
     def share_state(self) -> None:
         """Rank 0, after restoring a checkpoint: give the others its model, optimizer, step count,
         learning rate (and reference and critic), so all step from the same state."""
-        if not self.leads:
+        if not self.leads or self.sharded:  # with fsdp, ``load_state`` gave it to every process
             return
         critic = None
         if self.critic is not None:
@@ -384,8 +451,15 @@ class Trainer:
         self.busy = False
 
     def _take_state(self, state: Mapping[str, Any]) -> None:
-        self.unwrapped.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:  # each process keeps its shard of the whole state
+            if self.full is not None:  # first: setting the shards turns the dict's tensors into them
+                self.full.load_state_dict(state["model"])
+            whole = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(self.model, state["model"], options=whole)
+            set_optimizer_state_dict(self.model, self.optimizer.optimizer, state["optimizer"], options=whole)
+        else:
+            self.unwrapped.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.steps = state["steps"]
         self.set_lr(state["lr"])
         if state["reference"] is not None or state["critic"] is not None:
@@ -411,7 +485,8 @@ class Trainer:
     def follow(self) -> None:
         """Ranks > 0: do what rank 0 announces — a round's update, the warm start, its restored
         state — step for step with it, until it says stop."""
-        handlers = {"train": self._follow_train, "warm_start": self.warm_start, "state": self._take_state}
+        handlers = {"train": self._follow_train, "warm_start": self.warm_start, "state": self._take_state,
+                    "optimizer_state": self.optimizer_state}
         while True:
             box: list[Any] = [None]
             dist.broadcast_object_list(box, src=0)
@@ -419,6 +494,17 @@ class Trainer:
             if command == "stop":
                 return
             handlers[command](*args)
+
+
+def shard(model: PreTrainedModel, device: str, processes: int) -> None:
+    """FSDP2 over ``processes``: each decoder layer (the classes transformers keeps whole,
+    ``_no_split_modules``) its own unit, the rest (embeddings, norm, head) the root's."""
+    mesh = init_device_mesh(device, (processes,))
+    whole = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if type(module).__name__ in whole:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def launch_mismatch(configured: int, launched: int) -> str:

@@ -1,7 +1,8 @@
 """A campaign whose trainer runs in 2 processes (``accelerate launch``, or ``rftflow run`` launching
 them itself; DDP over gloo, one thread each): it runs to its end with rank 0 alone writing, resumes
-after rank 0 is SIGKILLed to the weights of a run never killed, refuses in one line a resume in
-another number of processes, and stops on a Ctrl-C to the terminal's process group with one line."""
+after rank 0 is SIGKILLed to the weights of a run never killed (also with the model sharded,
+``trainer.fsdp``), refuses in one line a resume in another number of processes, and stops on a
+Ctrl-C to the terminal's process group with one line."""
 
 import json
 import os
@@ -38,8 +39,8 @@ def env(cli_env):
     return {**cli_env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def finish(run_dir: Path, env: dict, accelerate: bool = True) -> str:
-    done = subprocess.run(command(run_dir, accelerate=accelerate), env=env, cwd=run_dir.parent, capture_output=True,
+def finish(run_dir: Path, env: dict, *extra: str, accelerate: bool = True) -> str:
+    done = subprocess.run(command(run_dir, *extra, accelerate=accelerate), env=env, cwd=run_dir.parent, capture_output=True,
                           text=True, timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "Traceback" not in out, out[-3000:]
@@ -69,13 +70,14 @@ def test_a_two_process_campaign_runs_to_its_end_with_one_writer(uninterrupted):
     assert steps == [1, 2, 3, 4, 5]  # each round's update logged once, by rank 0
 
 
-def test_a_sigkilled_two_process_campaign_resumes_to_the_weights_of_one_never_killed(uninterrupted, env, tmp_path):
-    run_dir = tmp_path / "run"
-    launcher = subprocess.Popen(command(run_dir), env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+def kill_rank0_in_round_3(run_dir: Path, env: dict, *extra: str) -> None:
+    """Launch the campaign and SIGKILL its rank 0 in round 3, after the checkpoint of round 2; the
+    launcher ends the other process and fails."""
+    launcher = subprocess.Popen(command(run_dir, *extra), env=env, cwd=run_dir.parent, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     checkpoints = run_dir / "store" / "arith-mix" / "checkpoints"
     lines = []
-    for line in launcher.stdout:  # SIGKILL rank 0 in round 3, after the checkpoint of round 2
+    for line in launcher.stdout:
         lines.append(line)
         if "Task run 'explore[r=3]' - Finished" in line:
             break
@@ -87,9 +89,14 @@ def test_a_sigkilled_two_process_campaign_resumes_to_the_weights_of_one_never_ki
     rank0 = next(p for p in workers if p.environ()["RANK"] == "0")
     rank0.kill()
     launcher.stdout.read()
-    assert launcher.wait(timeout=120) != 0  # the launcher ends the other process and fails
+    assert launcher.wait(timeout=120) != 0
     time.sleep(1)
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+
+
+def test_a_sigkilled_two_process_campaign_resumes_to_the_weights_of_one_never_killed(uninterrupted, env, tmp_path):
+    run_dir = tmp_path / "run"
+    kill_rank0_in_round_3(run_dir, env)
 
     refused = subprocess.run(command(run_dir, "trainer.processes=1", accelerate=False), env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
@@ -105,6 +112,19 @@ def test_a_sigkilled_two_process_campaign_resumes_to_the_weights_of_one_never_ki
     assert "resumed_from_round" in out
     resumed, whole = final_weights(run_dir), final_weights(uninterrupted)
     assert resumed.keys() == whole.keys()
+    assert all((resumed[k] == whole[k]).all() for k in whole)
+
+
+def test_a_sigkilled_campaign_that_shards_its_model_resumes_to_the_weights_of_one_never_killed(env, tmp_path):
+    sharded = ("trainer.fsdp=true", "rounds=4")
+    (tmp_path / "whole").mkdir()
+    finish(tmp_path / "whole" / "run", env, *sharded, accelerate=False)
+    run_dir = tmp_path / "run"
+    kill_rank0_in_round_3(run_dir, env, *sharded)
+    out = finish(run_dir, env, *sharded, accelerate=False)
+    assert "resumed_from_round" in out
+    resumed, whole = final_weights(run_dir), final_weights(tmp_path / "whole" / "run")
+    assert resumed.keys() == whole.keys() and "model.embed_tokens.weight" in whole
     assert all((resumed[k] == whole[k]).all() for k in whole)
 
 

@@ -1,7 +1,9 @@
 """Trainer updates of builtin:tiny (float64) on fixed batches, for several algorithms, in however
 many processes it is launched in (``accelerate launch --multi_gpu --num_processes P``, or plain
-``python``); rank 0 saves each case's parameters. Run by ``test_data_parallel.py``, which compares
-1 and 2 processes."""
+``python``); rank 0 saves each case's parameters. With ``--fsdp`` the processes shard the model
+(``trainer.fsdp``), for the cases it takes, and ``resumed`` is ``grpo`` saved after its first
+round and continued by a new trainer from the checkpoint. Run by ``test_data_parallel.py``, which
+compares 1 and 2 processes."""
 
 from __future__ import annotations
 
@@ -9,11 +11,16 @@ import os
 import random
 import sys
 
+import tempfile
+from pathlib import Path
+
 import torch
+import torch.distributed as dist
 
 from rftflow.components.algorithms import resolve
 from rftflow.components.config import TrainerConfig
 from rftflow.components.explore.models import load_model
+from rftflow.components.train.checkpoints import load_trainer, save_trainer
 from rftflow.components.train.trainer import Trainer
 
 # name: (algorithm, its options, rows, micro-batch size, expert share). 15 rows in micro-batches of 7
@@ -43,30 +50,55 @@ def rows(seed: int, n: int, vocab: int, expert: float) -> list[dict]:
     return out
 
 
-def run(case: str, model, pad_id: int, processes: int) -> Trainer:
+SHARDED = ("grpo", "mix", "resumed")  # fsdp: no critic or reference model yet
+
+
+def run(case: str, processes: int, fsdp: bool) -> Trainer:
+    resumed = case == "resumed"
+    case = "grpo" if resumed else case
     algorithm, options, n, micro, expert = CASES[case]
-    torch.manual_seed(0)
-    trainer = Trainer(model, pad_id, TrainerConfig(lr=3e-3, micro_batch_size=micro, processes=processes),
-                      resolve(algorithm, **options))
-    batch = rows(1, n, model.config.vocab_size, expert)
+
+    def new_trainer() -> Trainer:
+        model, tokenizer = load_model("builtin:tiny")
+        torch.manual_seed(0)
+        return Trainer(model.double(), tokenizer.pad_token_id,
+                       TrainerConfig(lr=3e-3, micro_batch_size=micro, processes=processes, fsdp=fsdp),
+                       resolve(algorithm, **options))
+
+    trainer = new_trainer()
+    batch = rows(1, n, trainer.unwrapped.config.vocab_size, expert)
     if case == "grpo":  # and an SFT warm start before it
         trainer.warm_start([batch[:7], batch[7:14], batch[14:]], peak_lr=1e-2)
     order = list(range(n))
     for k in range(STEPS):
+        if resumed and k == 1:  # a checkpoint after the first round, continued by a new trainer
+            with tempfile.TemporaryDirectory() as out:
+                shared = [out]
+                if processes > 1:
+                    dist.broadcast_object_list(shared, src=0)  # rank 0's directory, written by rank 0
+                save_trainer(trainer, Path(shared[0]) / "checkpoint")
+                if processes > 1:
+                    dist.barrier()
+                trainer = new_trainer()
+                load_trainer(trainer, Path(shared[0]) / "checkpoint")
+                if processes > 1:
+                    dist.barrier()  # all have read it before rank 0 removes it
         if algorithm != "dpo":
             random.Random(k).shuffle(order)
         trainer.train(batch, [order[s:s + micro] for s in range(0, n, micro)])
     return trainer
 
 
-def main(out: str) -> None:
+def main(out: str, fsdp: bool) -> None:
     torch.set_num_threads(1)
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     params = {"processes": processes}
-    for case in CASES:
-        model, tokenizer = load_model("builtin:tiny")
-        trainer = run(case, model.double(), tokenizer.pad_token_id, processes)
+    for case in SHARDED if fsdp else (*CASES, "resumed"):
+        trainer = run(case, processes, fsdp)
         params[case] = {name: p.detach().cpu() for name, p in trainer.unwrapped.named_parameters()}
+        if fsdp:  # the share of the policy's elements this process holds
+            held = sum(p.to_local().numel() for p in trainer.model.parameters())
+            params[f"{case}.held"] = held / sum(p.numel() for p in trainer.unwrapped.parameters())
         if trainer.critic is not None:
             critic = trainer.accelerator.unwrap_model(trainer.critic.model)
             params[case] |= {f"critic.{name}": p.detach().cpu() for name, p in critic.named_parameters()}
@@ -75,4 +107,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--fsdp" in sys.argv[2:])

@@ -1,7 +1,8 @@
 """A trainer in 2 processes (``accelerate launch``, DDP over gloo, one thread each) makes the update
 one process makes with the same batch: GRPO (with an SFT warm start), MIX, PPO (critic and KL)
 and DPO, each in another loss aggregation, in float64 so that what is compared is the arithmetic
-of the split, not float32 rounding."""
+of the split, not float32 rounding; so do 2 processes that shard the model (``trainer.fsdp``),
+and both continue from a checkpoint to the same weights."""
 
 import os
 import subprocess
@@ -15,9 +16,9 @@ HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
 
 
-def _launch(out: Path, processes: int) -> None:
+def _launch(out: Path, processes: int, *options: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    script = [str(HERE / "data_parallel_steps.py"), str(out)]
+    script = [str(HERE / "data_parallel_steps.py"), str(out), *options]
     if processes == 1:
         command = [sys.executable, *script]
     else:
@@ -32,11 +33,12 @@ def parameters(tmp_path_factory):
     out = tmp_path_factory.mktemp("data-parallel")
     _launch(out / "one.pt", 1)
     _launch(out / "two.pt", 2)
-    return torch.load(out / "one.pt"), torch.load(out / "two.pt")
+    _launch(out / "sharded.pt", 2, "--fsdp")
+    return torch.load(out / "one.pt"), torch.load(out / "two.pt"), torch.load(out / "sharded.pt")
 
 
 def test_two_processes_make_the_one_process_update(parameters, tiny):
-    one, two = parameters
+    one, two, _ = parameters
     initial = {name: p.detach().double() for name, p in tiny[0].named_parameters()}
     assert one["processes"] == 1 and two["processes"] == 2
     for case in ("grpo", "mix", "ppo", "dpo"):
@@ -45,3 +47,24 @@ def test_two_processes_make_the_one_process_update(parameters, tiny):
         differs = max(float((one[case][k] - two[case][k]).abs().max()) for k in one[case])
         assert differs < 1e-9, f"{case}: 2 processes differ from 1 by {differs:.2e}"
     assert any(k.startswith("critic.") for k in two["ppo"])  # the critic's parameters are compared too
+
+
+def _differs(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_a_checkpoint_continues_to_the_weights_of_a_trainer_never_stopped(parameters):
+    one, two, sharded = parameters
+    assert _differs(one["resumed"], one["grpo"]) == 0.0
+    assert _differs(two["resumed"], one["grpo"]) < 1e-9
+    assert _differs(sharded["resumed"], one["grpo"]) < 1e-9
+
+
+def test_two_processes_sharding_the_model_make_the_one_process_update(parameters):
+    one, _, sharded = parameters
+    assert sharded["processes"] == 2
+    for case in ("grpo", "mix"):
+        assert 0.4 < sharded[f"{case}.held"] < 0.6, "rank 0 does not hold about half of the policy"
+        differs = _differs(one[case], sharded[case])
+        assert differs < 1e-9, f"{case}: 2 sharded processes differ from 1 by {differs:.2e}"
