@@ -82,8 +82,8 @@ class Trainer:
             raise ProcessCountError(launch_mismatch(trainer.processes, self.processes))
         if self.accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU,
                                                      DistributedType.MULTI_GPU):
-            # rank 0 alone checkpoints, publishes and checks weights: with FSDP each of those would
-            # first have to gather the shards on every process
+            # accelerate's FSDP or DeepSpeed would wrap the model behind the trainer's back: the trainer
+            # shards it itself (trainer.fsdp), gathering what rank 0 reads
             raise ProcessCountError(f"accelerate's {self.accelerator.distributed_type.value} is not supported: "
                                     "launch with infra/accelerate/ddp.yaml (the processes; set trainer.fsdp to "
                                     "shard the model across them)")
@@ -417,10 +417,10 @@ class Trainer:
         process takes them (rank 0 sends them to the others); else the others take them from
         ``share_state``."""
         if self.sharded:
-            self._announce("state", {"model": model, "optimizer": optimizer, "steps": steps, "lr": lr,
-                                     "reference": None, "critic": None})
-            self._take_state({"model": model, "optimizer": optimizer, "steps": steps, "lr": lr, "reference": None,
-                              "critic": None})
+            state = {"model": model, "optimizer": optimizer, "steps": steps, "lr": lr, "reference": None,
+                     "critic": None}
+            self._announce("state", state)
+            self._take_state(state)
             self.busy = False
             return
         if model is not None:
