@@ -356,8 +356,8 @@ class TrainerConfig(_Section):
         False, description="Shard the policy's parameters, gradients and AdamW state across the trainer processes "
         "(PyTorch FSDP2: each decoder layer, then the whole model), for a policy whose training state does not fit "
         "one device; launched as `processes` are. The update is the data-parallel one; rank 0 gathers the whole "
-        "policy into CPU memory after each update (for the explorer, checkpoints and the registry). Needs "
-        "`processes` > 1; not with `model.lora`, a critic (PPO) or a reference model (KL, DPO).",
+        "policy into CPU memory after each update (for the explorer, checkpoints and the registry); a reference "
+        "model (KL, DPO) is sharded the same way. Needs `processes` > 1; not with `model.lora` or a critic (PPO).",
     )
     min_lr: float | None = Field(
         None, gt=0, description="If set, the learning rate decays over the rounds from `lr` to this by a cosine; "
@@ -739,8 +739,7 @@ class CampaignConfig(_Section):
         if self.trainer.fsdp:
             algorithm = self.algorithm.resolve()
             parts = [what for what, used in (("model.lora", self.model.lora is not None),
-                                             ("a critic (PPO)", algorithm.needs_critic),
-                                             ("a reference model (KL, DPO)", algorithm.needs_reference)) if used]
+                                             ("a critic (PPO)", algorithm.needs_critic)) if used]
             if parts:
                 raise ValueError(f"trainer.fsdp does not shard {' or '.join(parts)} yet: train without trainer.fsdp")
         if self.mode == "bench" and not self.bench.models:

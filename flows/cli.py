@@ -186,9 +186,11 @@ def _launch_processes(processes: int) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    for name in list(logging.root.manager.loggerDict):  # the launcher's notes on a Ctrl-C ("death signal")
+    # the launcher's notes on a Ctrl-C ("death signal") and on rank 0's exit ("failed (exitcode: 2)"):
+    # rank 0 has printed its own line
+    for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     logs = tempfile.mkdtemp(prefix="rftflow-launch-")  # the launcher's own files (else one left in /tmp a run)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=processes, run_id=uuid.uuid4().hex,
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.5,

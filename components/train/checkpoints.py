@@ -33,7 +33,7 @@ def save_trainer(trainer: Trainer, out: Path, base: str | None = None) -> None:
     """Write ``trainer``'s policy, optimizer, counters (and critic, reference) under ``out``; with
     LoRA the policy is its adapter, naming ``base`` as its base model. Called by several processes
     at once (each its part of gathering a sharded optimizer state), rank 0 alone writes."""
-    optimizer = trainer.optimizer_state()
+    optimizer, reference = trainer.checkpoint_state()
     if trainer.rank != 0:
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -47,7 +47,9 @@ def save_trainer(trainer: Trainer, out: Path, base: str | None = None) -> None:
     if trainer.critic is not None:
         trainer.accelerator.unwrap_model(trainer.critic.model).save_pretrained(out / "critic")
         torch.save(trainer.critic.optimizer.state_dict(), out / CRITIC_OPTIMIZER)
-    if trainer.ref_model is not None:
+    if reference is not None:  # fsdp: gathered from the processes' shards
+        trainer.unwrapped.save_pretrained(out / "reference", state_dict=reference)
+    elif trainer.ref_model is not None:
         trainer.ref_model.save_pretrained(out / "reference")
 
 
@@ -59,7 +61,13 @@ def load_trainer(trainer: Trainer, src: Path) -> None:
     else:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype).state_dict()
     counters = json.loads((src / "trainer.json").read_text())
-    trainer.load_state(model, torch.load(src / OPTIMIZER, weights_only=True), counters["steps"], counters["lr"])
+    optimizer = torch.load(src / OPTIMIZER, weights_only=True)
+    if trainer.sharded:  # every process takes its shards of all of it at once
+        reference = (AutoModelForCausalLM.from_pretrained(src / "reference").state_dict()
+                     if (src / "reference").is_dir() else None)
+        trainer.load_state(model, optimizer, counters["steps"], counters["lr"], reference)
+        return
+    trainer.load_state(model, optimizer, counters["steps"], counters["lr"])
     if (src / "reference").is_dir() or (src / "critic").is_dir():
         trainer.prepare_rl_models()  # made as at the first RL round, then overwritten below
     if (src / "reference").is_dir():

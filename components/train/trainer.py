@@ -56,6 +56,8 @@ Row = Mapping[str, Any]
 # How long a trainer process beside rank 0 waits for its next update: rank 0 explores, evaluates and
 # checkpoints in between (a collective's default limit, 30 min, would end a long round)
 PROCESS_WAIT = timedelta(hours=24)
+# fsdp: a state dict of whole tensors, as given on every process (WHOLE) or gathered to rank 0's CPU memory
+WHOLE, GATHERED = StateDictOptions(full_state_dict=True), StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class ProcessCountError(ValueError):
@@ -92,6 +94,7 @@ class Trainer:
             model = adapters.wrap(model, lora)
         self.sharded = trainer.fsdp
         self.full: PreTrainedModel | None = None  # with fsdp, rank 0's whole policy (CPU), gathered after updates
+        self.blank = functools.partial(type(model), model.config)  # a new policy (fsdp's reference model)
         if self.sharded:
             # FSDP2 itself, not accelerate's FSDP plugin: without CUDA accelerate launches that config as
             # unconnected single processes, while fully_shard runs over gloo as over NCCL
@@ -115,7 +118,8 @@ class Trainer:
         LoRA the base model, its adapter disabled) and initialise the critic from it (PPO), as the
         algorithm needs."""
         if self.algorithm.needs_reference and self.ref_model is None and not self.lora:
-            self.ref_model = copy.deepcopy(self.unwrapped).eval().requires_grad_(False)
+            self.ref_model = self._sharded_copy() if self.sharded else copy.deepcopy(self.unwrapped)
+            self.ref_model.eval().requires_grad_(False)
         self.base_reference = self.lora and self.algorithm.needs_reference
         if self.algorithm.needs_critic and self.critic is None:
             self.critic = Critic(self.unwrapped, self.accelerator, lr=self.cfg.critic_lr or self.cfg.lr,
@@ -392,32 +396,42 @@ class Trainer:
         return last
 
     # fsdp -------------------------------------------------------------------------------------
+    def _sharded_copy(self) -> PreTrainedModel:
+        """Every process: a copy of the policy as it is now, sharded as it is (FSDP modules cannot
+        be deep-copied: a new model is sharded, then takes its weights from rank 0's whole copy)."""
+        copied = self.blank().to(next(self.model.parameters()).dtype)
+        shard(copied, self.accelerator.device.type, self.processes)
+        whole = self.full.state_dict() if self.full is not None else {}
+        set_model_state_dict(copied, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        return copied
+
     def _gather(self) -> None:
         """With fsdp, every process: the whole policy into rank 0's copy (``full``)."""
         if self.sharded:
-            whole = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            whole = get_model_state_dict(self.model, options=GATHERED)
             if self.full is not None:
                 self.full.load_state_dict(whole)  # in place: ``policy_weights`` stays a view of it
 
-    def optimizer_state(self) -> dict[str, Any]:
-        """The optimizer's whole state, for a checkpoint (with fsdp gathered from every process:
-        keyed by parameter name, and whole on rank 0 only)."""
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+        """The optimizer's whole state and, with fsdp, the reference model's weights (if any), for a
+        checkpoint; with fsdp both gathered from every process (whole on rank 0 only; the
+        optimizer's keyed by parameter name)."""
         if not self.sharded:
-            return self.optimizer.state_dict()
-        self._announce("optimizer_state")
-        state = get_optimizer_state_dict(self.model, self.optimizer.optimizer,
-                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return self.optimizer.state_dict(), None
+        self._announce("checkpoint_state")
+        optimizer = get_optimizer_state_dict(self.model, self.optimizer.optimizer, options=GATHERED)
+        reference = get_model_state_dict(self.ref_model, options=GATHERED) if self.ref_model is not None else None
         self.busy = False
-        return state
+        return optimizer, reference
 
     def load_state(self, model: Mapping[str, torch.Tensor] | None, optimizer: Mapping[str, Any], steps: int,
-                   lr: float) -> None:
+                   lr: float, reference: Mapping[str, torch.Tensor] | None = None) -> None:
         """Continue from a checkpoint's policy weights (None: loaded already, a LoRA adapter),
-        optimizer state (``optimizer_state``'s), step count and learning rate. With fsdp every
-        process takes them (rank 0 sends them to the others); else the others take them from
-        ``share_state``."""
+        optimizer state (``checkpoint_state``'s), step count and learning rate (and with fsdp the
+        reference model's weights). With fsdp every process takes them (rank 0 sends them to the
+        others); else the others take them from ``share_state``."""
         if self.sharded:
-            state = {"model": model, "optimizer": optimizer, "steps": steps, "lr": lr, "reference": None,
+            state = {"model": model, "optimizer": optimizer, "steps": steps, "lr": lr, "reference": reference,
                      "critic": None}
             self._announce("state", state)
             self._take_state(state)
@@ -454,9 +468,8 @@ class Trainer:
         if self.sharded:  # each process keeps its shard of the whole state
             if self.full is not None:  # first: setting the shards turns the dict's tensors into them
                 self.full.load_state_dict(state["model"])
-            whole = StateDictOptions(full_state_dict=True)
-            set_model_state_dict(self.model, state["model"], options=whole)
-            set_optimizer_state_dict(self.model, self.optimizer.optimizer, state["optimizer"], options=whole)
+            set_model_state_dict(self.model, state["model"], options=WHOLE)
+            set_optimizer_state_dict(self.model, self.optimizer.optimizer, state["optimizer"], options=WHOLE)
         else:
             self.unwrapped.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -465,7 +478,10 @@ class Trainer:
         if state["reference"] is not None or state["critic"] is not None:
             self.prepare_rl_models()
         if state["reference"] is not None:
-            self.ref_model.load_state_dict(state["reference"])
+            if self.sharded:
+                set_model_state_dict(self.ref_model, state["reference"], options=WHOLE)
+            else:
+                self.ref_model.load_state_dict(state["reference"])
         if state["critic"] is not None:
             self.accelerator.unwrap_model(self.critic.model).load_state_dict(state["critic"][0])
             self.critic.optimizer.load_state_dict(state["critic"][1])
@@ -486,7 +502,7 @@ class Trainer:
         """Ranks > 0: do what rank 0 announces — a round's update, the warm start, its restored
         state — step for step with it, until it says stop."""
         handlers = {"train": self._follow_train, "warm_start": self.warm_start, "state": self._take_state,
-                    "optimizer_state": self.optimizer_state}
+                    "checkpoint_state": self.checkpoint_state}
         while True:
             box: list[Any] = [None]
             dist.broadcast_object_list(box, src=0)

@@ -39,7 +39,7 @@ BAD = {
     "a sharded model with parts fsdp does not shard": (
         ["trainer.fsdp=true", "trainer.processes=2", "algorithm.name=ppo", "algorithm.kl_coef=0.1",
          "model.lora={rank: 4}"],
-        "trainer.fsdp does not shard model.lora or a critic (PPO) or a reference model (KL, DPO) yet"),
+        "trainer.fsdp does not shard model.lora or a critic (PPO) yet"),
     "warm-start checks near a bar that is not above": (
         ["trainer.warmup_until=0.4", "trainer.warmup_check_near=0.5"],
         "trainer.warmup_check_near (0.5) needs a trainer.warmup_until above it (it is 0.4)"),

@@ -1,8 +1,8 @@
 """Trainer updates of builtin:tiny (float64) on fixed batches, for several algorithms, in however
 many processes it is launched in (``accelerate launch --multi_gpu --num_processes P``, or plain
 ``python``); rank 0 saves each case's parameters. With ``--fsdp`` the processes shard the model
-(``trainer.fsdp``), for the cases it takes, and ``resumed`` is ``grpo`` saved after its first
-round and continued by a new trainer from the checkpoint. Run by ``test_data_parallel.py``, which
+(``trainer.fsdp``), for the cases it takes, and ``resumed`` is ``grpo-kl`` saved after its first
+round and continued by a new trainer from the checkpoint (its reference model too). Run by ``test_data_parallel.py``, which
 compares 1 and 2 processes."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from rftflow.components.train.trainer import Trainer
 # are split 4+3, 4+3 and — one row for two processes — computed whole by each
 CASES = {
     "grpo": ("grpo", {"agg": "token-mean"}, 15, 7, 0.0),
+    "grpo-kl": ("grpo", {"agg": "token-mean", "kl_coef": 0.1, "kl_mode": "loss"}, 15, 7, 0.0),  # a reference
     "mix": ("mix", {"agg": "seq-mean-token-mean"}, 15, 7, 0.3),
     "ppo": ("ppo", {"agg": "seq-mean-token-sum-norm", "kl_coef": 0.1, "kl_mode": "loss"}, 15, 7, 0.0),
     "dpo": ("dpo", {}, 20, 10, 0.0),  # (chosen, rejected) pairs, never split: 5 pairs as 2 + 3
@@ -50,12 +51,12 @@ def rows(seed: int, n: int, vocab: int, expert: float) -> list[dict]:
     return out
 
 
-SHARDED = ("grpo", "mix", "resumed")  # fsdp: no critic or reference model yet
+SHARDED = ("grpo", "grpo-kl", "mix", "dpo", "resumed")  # fsdp: no critic yet
 
 
 def run(case: str, processes: int, fsdp: bool) -> Trainer:
     resumed = case == "resumed"
-    case = "grpo" if resumed else case
+    case = "grpo-kl" if resumed else case
     algorithm, options, n, micro, expert = CASES[case]
 
     def new_trainer() -> Trainer:
@@ -67,7 +68,7 @@ def run(case: str, processes: int, fsdp: bool) -> Trainer:
 
     trainer = new_trainer()
     batch = rows(1, n, trainer.unwrapped.config.vocab_size, expert)
-    if case == "grpo":  # and an SFT warm start before it
+    if case.startswith("grpo"):  # and an SFT warm start before it (before the reference is made)
         trainer.warm_start([batch[:7], batch[7:14], batch[14:]], peak_lr=1e-2)
     order = list(range(n))
     for k in range(STEPS):

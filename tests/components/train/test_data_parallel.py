@@ -1,8 +1,8 @@
 """A trainer in 2 processes (``accelerate launch``, DDP over gloo, one thread each) makes the update
 one process makes with the same batch: GRPO (with an SFT warm start), MIX, PPO (critic and KL)
 and DPO, each in another loss aggregation, in float64 so that what is compared is the arithmetic
-of the split, not float32 rounding; so do 2 processes that shard the model (``trainer.fsdp``),
-and both continue from a checkpoint to the same weights."""
+of the split, not float32 rounding; so do 2 processes that shard the model (``trainer.fsdp``) and
+its reference, and both continue from a checkpoint to the same weights."""
 
 import os
 import subprocess
@@ -41,7 +41,7 @@ def test_two_processes_make_the_one_process_update(parameters, tiny):
     one, two, _ = parameters
     initial = {name: p.detach().double() for name, p in tiny[0].named_parameters()}
     assert one["processes"] == 1 and two["processes"] == 2
-    for case in ("grpo", "mix", "ppo", "dpo"):
+    for case in ("grpo", "grpo-kl", "mix", "ppo", "dpo"):
         moved = max(float((one[case][k] - initial[k]).abs().max()) for k in initial)
         assert moved > 1e-3, f"{case}: the updates did not move the parameters"
         differs = max(float((one[case][k] - two[case][k]).abs().max()) for k in one[case])
@@ -56,15 +56,15 @@ def _differs(a: dict, b: dict) -> float:
 
 def test_a_checkpoint_continues_to_the_weights_of_a_trainer_never_stopped(parameters):
     one, two, sharded = parameters
-    assert _differs(one["resumed"], one["grpo"]) == 0.0
-    assert _differs(two["resumed"], one["grpo"]) < 1e-9
-    assert _differs(sharded["resumed"], one["grpo"]) < 1e-9
+    assert _differs(one["resumed"], one["grpo-kl"]) == 0.0
+    assert _differs(two["resumed"], one["grpo-kl"]) < 1e-9
+    assert _differs(sharded["resumed"], one["grpo-kl"]) < 1e-9
 
 
 def test_two_processes_sharding_the_model_make_the_one_process_update(parameters):
     one, _, sharded = parameters
     assert sharded["processes"] == 2
-    for case in ("grpo", "mix"):
+    for case in ("grpo", "grpo-kl", "mix", "dpo"):
         assert 0.4 < sharded[f"{case}.held"] < 0.6, "rank 0 does not hold about half of the policy"
         differs = _differs(one[case], sharded[case])
         assert differs < 1e-9, f"{case}: 2 sharded processes differ from 1 by {differs:.2e}"
