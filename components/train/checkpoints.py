@@ -33,7 +33,7 @@ def save_trainer(trainer: Trainer, out: Path, base: str | None = None) -> None:
     """Write ``trainer``'s policy, optimizer, counters (and critic, reference) under ``out``; with
     LoRA the policy is its adapter, naming ``base`` as its base model. Called by several processes
     at once (each its part of gathering a sharded optimizer state), rank 0 alone writes."""
-    optimizer, reference = trainer.checkpoint_state()
+    state = trainer.checkpoint_state()
     if trainer.rank != 0:
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -41,14 +41,17 @@ def save_trainer(trainer: Trainer, out: Path, base: str | None = None) -> None:
         adapters.save_adapter(trainer.unwrapped, out, base or trainer.unwrapped.get_base_model().name_or_path)
     else:
         trainer.unwrapped.save_pretrained(out)
-    torch.save(optimizer, out / OPTIMIZER)
+    torch.save(state["optimizer"], out / OPTIMIZER)
     lr = trainer.optimizer.param_groups[0]["lr"]
     (out / "trainer.json").write_text(json.dumps({"steps": trainer.steps, "lr": lr}))
-    if trainer.critic is not None:
+    if state["critic"] is not None:  # fsdp: gathered from the processes' shards
+        trainer.critic.model.save_pretrained(out / "critic", state_dict=state["critic"][0])
+        torch.save(state["critic"][1], out / CRITIC_OPTIMIZER)
+    elif trainer.critic is not None:
         trainer.accelerator.unwrap_model(trainer.critic.model).save_pretrained(out / "critic")
         torch.save(trainer.critic.optimizer.state_dict(), out / CRITIC_OPTIMIZER)
-    if reference is not None:  # fsdp: gathered from the processes' shards
-        trainer.unwrapped.save_pretrained(out / "reference", state_dict=reference)
+    if state["reference"] is not None:  # fsdp: gathered from the processes' shards
+        trainer.unwrapped.save_pretrained(out / "reference", state_dict=state["reference"])
     elif trainer.ref_model is not None:
         trainer.ref_model.save_pretrained(out / "reference")
 
@@ -63,9 +66,13 @@ def load_trainer(trainer: Trainer, src: Path) -> None:
     counters = json.loads((src / "trainer.json").read_text())
     optimizer = torch.load(src / OPTIMIZER, weights_only=True)
     if trainer.sharded:  # every process takes its shards of all of it at once
-        reference = (AutoModelForCausalLM.from_pretrained(src / "reference").state_dict()
-                     if (src / "reference").is_dir() else None)
-        trainer.load_state(model, optimizer, counters["steps"], counters["lr"], reference)
+        reference = critic = None
+        if (src / "reference").is_dir():
+            reference = AutoModelForCausalLM.from_pretrained(src / "reference").state_dict()
+        if (src / "critic").is_dir():
+            critic = (AutoModelForTokenClassification.from_pretrained(src / "critic").state_dict(),
+                      torch.load(src / CRITIC_OPTIMIZER, weights_only=True))
+        trainer.load_state(model, optimizer, counters["steps"], counters["lr"], reference, critic)
         return
     trainer.load_state(model, optimizer, counters["steps"], counters["lr"])
     if (src / "reference").is_dir() or (src / "critic").is_dir():

@@ -9,10 +9,12 @@ log-probs (logits[:, P−1 : P+R−1]), so V_t is the value of the prefix before
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from accelerate import Accelerator
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
 from rftflow.components.algorithms import value_loss
@@ -23,15 +25,25 @@ class Critic:
     """A value model with its own AdamW optimizer, trained on GAE returns with a clipped loss."""
 
     def __init__(self, policy: PreTrainedModel, accelerator: Accelerator, *, lr: float, weight_decay: float = 0.0,
-                 grad_clip: float = 1.0, value_clip: float | None = 0.2):
+                 grad_clip: float = 1.0, value_clip: float | None = 0.2,
+                 shard: Callable[[torch.nn.Module], None] | None = None, whole: bool = True):
+        """``shard``: the trainer's fsdp, applied to the value model, which then takes rank 0's
+        weights; ``whole``: ``policy`` holds whole weights to start from (with ``shard``, on rank 0
+        only: elsewhere only its config and dtype are read)."""
         config = copy.deepcopy(policy.config)
         config.num_labels, config.classifier_dropout = 1, 0.0
         model = AutoModelForTokenClassification.from_config(config).to(policy.dtype)
-        backbone = getattr(policy, policy.base_model_prefix)
-        getattr(model, model.base_model_prefix).load_state_dict(backbone.state_dict())
-        optimizer = adamw(model.parameters(), lr, weight_decay)
+        if whole:
+            backbone = getattr(policy, policy.base_model_prefix)
+            getattr(model, model.base_model_prefix).load_state_dict(backbone.state_dict())
         self.accelerator, self.grad_clip, self.value_clip = accelerator, grad_clip, value_clip
-        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        if shard is None:
+            self.model, self.optimizer = accelerator.prepare(model, adamw(model.parameters(), lr, weight_decay))
+            return
+        start = model.state_dict() if whole else {}  # the head too: each process made its own at random
+        shard(model)
+        set_model_state_dict(model, start, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        self.model, self.optimizer = model, accelerator.prepare_optimizer(adamw(model.parameters(), lr, weight_decay))
 
     def values(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """V at each response position: (B, R), float32."""
@@ -49,6 +61,8 @@ class Critic:
         self.optimizer.zero_grad()
         self.accelerator.backward(loss)
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         explained = 1.0 - ((returns - values.detach()) ** 2 * mask).sum() / (
             ((returns - (returns * mask).sum() / mask.sum()) ** 2 * mask).sum().clamp(min=1e-8))

@@ -15,9 +15,10 @@ campaign (store, state, checkpoints, MLflow, weights); it announces each update 
 With ``trainer.fsdp`` the processes hold a shard each of the policy, its gradients and AdamW's
 state instead (PyTorch FSDP2, ``fully_shard`` on each decoder layer and the root; the same update).
 After each update all of them gather the whole policy into rank 0's CPU copy (``unwrapped`` there),
-which is what rank 0 alone reads: the weights it publishes, checkpoints and registers. Reading the
-optimizer's whole state (``optimizer_state``) and restoring one (``load_state``) are collectives
-too, announced as updates are.
+which is what rank 0 alone reads: the weights it publishes, checkpoints and registers. The
+reference model and the critic are sharded the same way. Gathering the rest of a checkpoint
+(``checkpoint_state``) and restoring one (``load_state``) are collectives too, announced as
+updates are.
 """
 
 from __future__ import annotations
@@ -122,9 +123,11 @@ class Trainer:
             self.ref_model.eval().requires_grad_(False)
         self.base_reference = self.lora and self.algorithm.needs_reference
         if self.algorithm.needs_critic and self.critic is None:
+            sharding = functools.partial(shard, device=self.accelerator.device.type, processes=self.processes)
             self.critic = Critic(self.unwrapped, self.accelerator, lr=self.cfg.critic_lr or self.cfg.lr,
                                  weight_decay=self.cfg.weight_decay, grad_clip=self.cfg.grad_clip,
-                                 value_clip=self.algorithm.value_clip)
+                                 value_clip=self.algorithm.value_clip, shard=sharding if self.sharded else None,
+                                 whole=not self.sharded or self.full is not None)
 
     def _batch(self, chunk: Sequence[Row]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.accelerator.device) for k, v in batch_tensors(chunk, self.pad_id, self.pair_cost).items()}
@@ -399,7 +402,8 @@ class Trainer:
     def _sharded_copy(self) -> PreTrainedModel:
         """Every process: a copy of the policy as it is now, sharded as it is (FSDP modules cannot
         be deep-copied: a new model is sharded, then takes its weights from rank 0's whole copy)."""
-        copied = self.blank().to(next(self.model.parameters()).dtype)
+        with torch.random.fork_rng(devices=[]):  # its random start, overwritten, leaves the seed's sequence as it was
+            copied = self.blank().to(next(self.model.parameters()).dtype)
         shard(copied, self.accelerator.device.type, self.processes)
         whole = self.full.state_dict() if self.full is not None else {}
         set_model_state_dict(copied, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
@@ -412,27 +416,33 @@ class Trainer:
             if self.full is not None:
                 self.full.load_state_dict(whole)  # in place: ``policy_weights`` stays a view of it
 
-    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
-        """The optimizer's whole state and, with fsdp, the reference model's weights (if any), for a
-        checkpoint; with fsdp both gathered from every process (whole on rank 0 only; the
-        optimizer's keyed by parameter name)."""
+    def checkpoint_state(self) -> dict[str, Any]:
+        """For a checkpoint: {optimizer: its state, reference: weights, critic: (weights, its
+        optimizer's state)}. The last two only with fsdp (and the models), as otherwise they are
+        read from the models themselves; with fsdp all of it gathered from every process (whole on
+        rank 0 only; optimizers' keyed by parameter name)."""
         if not self.sharded:
-            return self.optimizer.state_dict(), None
+            return {"optimizer": self.optimizer.state_dict(), "reference": None, "critic": None}
         self._announce("checkpoint_state")
-        optimizer = get_optimizer_state_dict(self.model, self.optimizer.optimizer, options=GATHERED)
-        reference = get_model_state_dict(self.ref_model, options=GATHERED) if self.ref_model is not None else None
+        state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer.optimizer, options=GATHERED),
+                 "reference": get_model_state_dict(self.ref_model, options=GATHERED) if self.ref_model else None,
+                 "critic": None}
+        if self.critic is not None:
+            critic = self.critic.model
+            state["critic"] = (get_model_state_dict(critic, options=GATHERED),
+                               get_optimizer_state_dict(critic, self.critic.optimizer.optimizer, options=GATHERED))
         self.busy = False
-        return optimizer, reference
+        return state
 
     def load_state(self, model: Mapping[str, torch.Tensor] | None, optimizer: Mapping[str, Any], steps: int,
-                   lr: float, reference: Mapping[str, torch.Tensor] | None = None) -> None:
+                   lr: float, reference: Mapping[str, torch.Tensor] | None = None, critic=None) -> None:
         """Continue from a checkpoint's policy weights (None: loaded already, a LoRA adapter),
         optimizer state (``checkpoint_state``'s), step count and learning rate (and with fsdp the
-        reference model's weights). With fsdp every process takes them (rank 0 sends them to the
-        others); else the others take them from ``share_state``."""
+        reference's weights and the critic's (weights, optimizer state)). With fsdp every process
+        takes them (rank 0 sends them to the others); else the others take them from ``share_state``."""
         if self.sharded:
             state = {"model": model, "optimizer": optimizer, "steps": steps, "lr": lr, "reference": reference,
-                     "critic": None}
+                     "critic": critic}
             self._announce("state", state)
             self._take_state(state)
             self.busy = False
@@ -482,7 +492,11 @@ class Trainer:
                 set_model_state_dict(self.ref_model, state["reference"], options=WHOLE)
             else:
                 self.ref_model.load_state_dict(state["reference"])
-        if state["critic"] is not None:
+        if state["critic"] is not None and self.sharded:
+            set_model_state_dict(self.critic.model, state["critic"][0], options=WHOLE)
+            set_optimizer_state_dict(self.critic.model, self.critic.optimizer.optimizer, state["critic"][1],
+                                     options=WHOLE)
+        elif state["critic"] is not None:
             self.accelerator.unwrap_model(self.critic.model).load_state_dict(state["critic"][0])
             self.critic.optimizer.load_state_dict(state["critic"][1])
 

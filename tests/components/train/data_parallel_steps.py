@@ -1,8 +1,8 @@
 """Trainer updates of builtin:tiny (float64) on fixed batches, for several algorithms, in however
 many processes it is launched in (``accelerate launch --multi_gpu --num_processes P``, or plain
 ``python``); rank 0 saves each case's parameters. With ``--fsdp`` the processes shard the model
-(``trainer.fsdp``), for the cases it takes, and ``resumed`` is ``grpo-kl`` saved after its first
-round and continued by a new trainer from the checkpoint (its reference model too). Run by ``test_data_parallel.py``, which
+(``trainer.fsdp``), and ``resumed:<case>`` is the case saved after its first round and continued
+by a new trainer from the checkpoint (with its reference model or critic). Run by ``test_data_parallel.py``, which
 compares 1 and 2 processes."""
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ def rows(seed: int, n: int, vocab: int, expert: float) -> list[dict]:
     return out
 
 
-SHARDED = ("grpo", "grpo-kl", "mix", "dpo", "resumed")  # fsdp: no critic yet
+RESUMED = ("grpo-kl", "ppo")  # also run as "resumed:<case>"
 
 
 def run(case: str, processes: int, fsdp: bool) -> Trainer:
-    resumed = case == "resumed"
-    case = "grpo-kl" if resumed else case
+    resumed = case.startswith("resumed:")
+    case = case.removeprefix("resumed:")
     algorithm, options, n, micro, expert = CASES[case]
 
     def new_trainer() -> Trainer:
@@ -94,15 +94,18 @@ def main(out: str, fsdp: bool) -> None:
     torch.set_num_threads(1)
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     params = {"processes": processes}
-    for case in SHARDED if fsdp else (*CASES, "resumed"):
+    for case in (*CASES, *(f"resumed:{c}" for c in RESUMED)):
         trainer = run(case, processes, fsdp)
         params[case] = {name: p.detach().cpu() for name, p in trainer.unwrapped.named_parameters()}
         if fsdp:  # the share of the policy's elements this process holds
             held = sum(p.to_local().numel() for p in trainer.model.parameters())
             params[f"{case}.held"] = held / sum(p.numel() for p in trainer.unwrapped.parameters())
         if trainer.critic is not None:
-            critic = trainer.accelerator.unwrap_model(trainer.critic.model)
-            params[case] |= {f"critic.{name}": p.detach().cpu() for name, p in critic.named_parameters()}
+            if fsdp:  # the critic's shards gathered (on every process; whole on rank 0)
+                critic = trainer.checkpoint_state()["critic"][0].items()
+            else:
+                critic = trainer.accelerator.unwrap_model(trainer.critic.model).named_parameters()
+            params[case] |= {f"critic.{name}": p.detach().cpu() for name, p in critic}
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(params, out)
 

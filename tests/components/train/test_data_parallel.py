@@ -2,7 +2,7 @@
 one process makes with the same batch: GRPO (with an SFT warm start), MIX, PPO (critic and KL)
 and DPO, each in another loss aggregation, in float64 so that what is compared is the arithmetic
 of the split, not float32 rounding; so do 2 processes that shard the model (``trainer.fsdp``) and
-its reference, and both continue from a checkpoint to the same weights."""
+its reference model and critic, and both continue from a checkpoint to the same weights."""
 
 import os
 import subprocess
@@ -56,15 +56,16 @@ def _differs(a: dict, b: dict) -> float:
 
 def test_a_checkpoint_continues_to_the_weights_of_a_trainer_never_stopped(parameters):
     one, two, sharded = parameters
-    assert _differs(one["resumed"], one["grpo-kl"]) == 0.0
-    assert _differs(two["resumed"], one["grpo-kl"]) < 1e-9
-    assert _differs(sharded["resumed"], one["grpo-kl"]) < 1e-9
+    for case in ("grpo-kl", "ppo"):  # with a reference model, and with a critic
+        assert _differs(one[f"resumed:{case}"], one[case]) == 0.0
+        assert _differs(two[f"resumed:{case}"], one[case]) < 1e-9
+        assert _differs(sharded[f"resumed:{case}"], one[case]) < 1e-9
 
 
 def test_two_processes_sharding_the_model_make_the_one_process_update(parameters):
     one, _, sharded = parameters
     assert sharded["processes"] == 2
-    for case in ("grpo", "grpo-kl", "mix", "dpo"):
+    for case in ("grpo", "grpo-kl", "mix", "ppo", "dpo"):
         assert 0.4 < sharded[f"{case}.held"] < 0.6, "rank 0 does not hold about half of the policy"
         differs = _differs(one[case], sharded[case])
         assert differs < 1e-9, f"{case}: 2 sharded processes differ from 1 by {differs:.2e}"
