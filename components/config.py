@@ -357,7 +357,7 @@ class TrainerConfig(_Section):
         "(PyTorch FSDP2: each decoder layer, then the whole model), for a policy whose training state does not fit "
         "one device; launched as `processes` are. The update is the data-parallel one; rank 0 gathers the whole "
         "policy into CPU memory after each update (for the explorer, checkpoints and the registry); a reference "
-        "model (KL, DPO) and PPO's critic are sharded the same way. Needs `processes` > 1; not with `model.lora`.",
+        "model (KL, DPO), PPO's critic and a LoRA policy (base and adapter) are sharded the same way. Needs `processes` > 1.",
     )
     min_lr: float | None = Field(
         None, gt=0, description="If set, the learning rate decays over the rounds from `lr` to this by a cosine; "
@@ -736,10 +736,6 @@ class CampaignConfig(_Section):
             if self.explorer.task_selector == "curriculum" or self.algorithm.resolve().dynamic_sampling:
                 raise ValueError("explorer.shards > 1 needs every explorer to pick the same tasks for a round: the "
                                  "curriculum selector and dynamic sampling pick by what one explorer measured")
-        if self.trainer.fsdp:
-            if self.model.lora is not None:
-                raise ValueError("trainer.fsdp does not shard a LoRA adapter (model.lora) yet: train without "
-                                 "trainer.fsdp")
         if self.mode == "bench" and not self.bench.models:
             raise ValueError("mode 'bench' needs bench.models (checkpoint:N, model dirs or models:/name/version)")
         bound = self.algorithm.max_staleness

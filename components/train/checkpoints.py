@@ -57,24 +57,18 @@ def save_trainer(trainer: Trainer, out: Path, base: str | None = None) -> None:
 
 
 def load_trainer(trainer: Trainer, src: Path) -> None:
-    """Restore what ``save_trainer`` wrote into ``trainer`` (made with the same config)."""
+    """Restore what ``save_trainer`` wrote into ``trainer`` (made with the same config). With fsdp
+    rank 0 reads it and every process takes its shards (several processes may call this at once)."""
+    counters = json.loads((src / "trainer.json").read_text())
+    if trainer.sharded:
+        _load_shards(trainer, src, counters)
+        return
     model = None
     if trainer.lora:
         adapters.load_adapter(trainer.unwrapped, src)
     else:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype).state_dict()
-    counters = json.loads((src / "trainer.json").read_text())
-    optimizer = torch.load(src / OPTIMIZER, weights_only=True)
-    if trainer.sharded:  # every process takes its shards of all of it at once
-        reference = critic = None
-        if (src / "reference").is_dir():
-            reference = AutoModelForCausalLM.from_pretrained(src / "reference").state_dict()
-        if (src / "critic").is_dir():
-            critic = (AutoModelForTokenClassification.from_pretrained(src / "critic").state_dict(),
-                      torch.load(src / CRITIC_OPTIMIZER, weights_only=True))
-        trainer.load_state(model, optimizer, counters["steps"], counters["lr"], reference, critic)
-        return
-    trainer.load_state(model, optimizer, counters["steps"], counters["lr"])
+    trainer.load_state(model, torch.load(src / OPTIMIZER, weights_only=True), counters["steps"], counters["lr"])
     if (src / "reference").is_dir() or (src / "critic").is_dir():
         trainer.prepare_rl_models()  # made as at the first RL round, then overwritten below
     if (src / "reference").is_dir():
@@ -83,6 +77,28 @@ def load_trainer(trainer: Trainer, src: Path) -> None:
         critic = trainer.accelerator.unwrap_model(trainer.critic.model)
         _copy_weights(critic, AutoModelForTokenClassification.from_pretrained(src / "critic"))
         trainer.critic.optimizer.load_state_dict(torch.load(src / CRITIC_OPTIMIZER, weights_only=True))
+
+
+def _load_shards(trainer: Trainer, src: Path, counters: dict) -> None:
+    """``load_trainer`` with fsdp: rank 0 reads the files (the policy into its whole copy), then
+    every process takes its shards from it (``Trainer.load_state``)."""
+    if trainer.rank != 0:  # told what there is; the tensors come from rank 0
+        trainer.load_state(None, None, counters["steps"], counters["lr"], {} if (src / "reference").is_dir() else None,
+                           ({}, {}) if (src / "critic").is_dir() else None)
+        return
+    if trainer.lora:  # the adapter into rank 0's copy, then the copy's weights to every process
+        adapters.load_adapter(trainer.unwrapped, src)
+        model = trainer.unwrapped.state_dict()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype).state_dict()
+    reference = critic = None
+    if (src / "reference").is_dir():
+        reference = AutoModelForCausalLM.from_pretrained(src / "reference").state_dict()
+    if (src / "critic").is_dir():
+        critic = (AutoModelForTokenClassification.from_pretrained(src / "critic").state_dict(),
+                  torch.load(src / CRITIC_OPTIMIZER, weights_only=True))
+    trainer.load_state(model, torch.load(src / OPTIMIZER, weights_only=True), counters["steps"], counters["lr"],
+                       reference, critic)
 
 
 @torch.no_grad()

@@ -16,7 +16,7 @@ With ``trainer.fsdp`` the processes hold a shard each of the policy, its gradien
 state instead (PyTorch FSDP2, ``fully_shard`` on each decoder layer and the root; the same update).
 After each update all of them gather the whole policy into rank 0's CPU copy (``unwrapped`` there),
 which is what rank 0 alone reads: the weights it publishes, checkpoints and registers. The
-reference model and the critic are sharded the same way. Gathering the rest of a checkpoint
+reference model and the critic are sharded the same way (with LoRA, the base with its adapter). Gathering the rest of a checkpoint
 (``checkpoint_state``) and restoring one (``load_state``) are collectives too, announced as
 updates are.
 """
@@ -57,8 +57,9 @@ Row = Mapping[str, Any]
 # How long a trainer process beside rank 0 waits for its next update: rank 0 explores, evaluates and
 # checkpoints in between (a collective's default limit, 30 min, would end a long round)
 PROCESS_WAIT = timedelta(hours=24)
-# fsdp: a state dict of whole tensors, as given on every process (WHOLE) or gathered to rank 0's CPU memory
-WHOLE, GATHERED = StateDictOptions(full_state_dict=True), StateDictOptions(full_state_dict=True, cpu_offload=True)
+# fsdp: a state dict of whole tensors, gathered into rank 0's CPU memory or sent from rank 0's to every process
+GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)
+FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
 
 class ProcessCountError(ValueError):
@@ -101,6 +102,8 @@ class Trainer:
             # unconnected single processes, while fully_shard runs over gloo as over NCCL
             self.full = copy.deepcopy(model).requires_grad_(False) if self.rank == 0 else None
             shard(model, self.accelerator.device.type, self.processes)
+            # rank 0's weights on every process, as DDP broadcasts them (a LoRA adapter starts at random)
+            set_model_state_dict(model, self.full.state_dict() if self.full is not None else {}, options=FROM_RANK0)
         optimizer = adamw([p for p in model.parameters() if p.requires_grad], trainer.lr, trainer.weight_decay)
         if self.sharded:  # already distributed: no DDP wrapper around it
             self.model, self.optimizer = model, self.accelerator.prepare_optimizer(optimizer)
@@ -160,8 +163,9 @@ class Trainer:
         model's, the adapter disabled (no second copy of the weights)."""
         if self.ref_model is not None:
             return response_logprobs(self.ref_model, batch, self.temperature)
-        with self.unwrapped.disable_adapter():
-            return response_logprobs(self.unwrapped, batch, self.temperature)
+        policy = self.accelerator.unwrap_model(self.model)  # this process's (with fsdp its shard of it)
+        with policy.disable_adapter():
+            return response_logprobs(policy, batch, self.temperature)
 
     def _advantages(self, rows: Sequence[Row]) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
         """Advantages of all ``rows`` — (N,) outcome-level, or (N, R_max) token-level with a critic —
@@ -405,8 +409,7 @@ class Trainer:
         with torch.random.fork_rng(devices=[]):  # its random start, overwritten, leaves the seed's sequence as it was
             copied = self.blank().to(next(self.model.parameters()).dtype)
         shard(copied, self.accelerator.device.type, self.processes)
-        whole = self.full.state_dict() if self.full is not None else {}
-        set_model_state_dict(copied, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        set_model_state_dict(copied, self.full.state_dict() if self.full is not None else {}, options=FROM_RANK0)
         return copied
 
     def _gather(self) -> None:
@@ -441,10 +444,9 @@ class Trainer:
         reference's weights and the critic's (weights, optimizer state)). With fsdp every process
         takes them (rank 0 sends them to the others); else the others take them from ``share_state``."""
         if self.sharded:
-            state = {"model": model, "optimizer": optimizer, "steps": steps, "lr": lr, "reference": reference,
-                     "critic": critic}
-            self._announce("state", state)
-            self._take_state(state)
+            counters = {"steps": steps, "lr": lr, "reference": reference is not None, "critic": critic is not None}
+            self._announce("shards", counters)
+            self._take_shards(counters, model, optimizer, reference, critic)
             self.busy = False
             return
         if model is not None:
@@ -475,30 +477,37 @@ class Trainer:
         self.busy = False
 
     def _take_state(self, state: Mapping[str, Any]) -> None:
-        if self.sharded:  # each process keeps its shard of the whole state
-            if self.full is not None:  # first: setting the shards turns the dict's tensors into them
-                self.full.load_state_dict(state["model"])
-            set_model_state_dict(self.model, state["model"], options=WHOLE)
-            set_optimizer_state_dict(self.model, self.optimizer.optimizer, state["optimizer"], options=WHOLE)
-        else:
-            self.unwrapped.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+        self.unwrapped.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
         self.steps = state["steps"]
         self.set_lr(state["lr"])
         if state["reference"] is not None or state["critic"] is not None:
             self.prepare_rl_models()
         if state["reference"] is not None:
-            if self.sharded:
-                set_model_state_dict(self.ref_model, state["reference"], options=WHOLE)
-            else:
-                self.ref_model.load_state_dict(state["reference"])
-        if state["critic"] is not None and self.sharded:
-            set_model_state_dict(self.critic.model, state["critic"][0], options=WHOLE)
-            set_optimizer_state_dict(self.critic.model, self.critic.optimizer.optimizer, state["critic"][1],
-                                     options=WHOLE)
-        elif state["critic"] is not None:
+            self.ref_model.load_state_dict(state["reference"])
+        if state["critic"] is not None:
             self.accelerator.unwrap_model(self.critic.model).load_state_dict(state["critic"][0])
             self.critic.optimizer.load_state_dict(state["critic"][1])
+
+    def _take_shards(self, counters: Mapping[str, Any], model=None, optimizer=None, reference=None,
+                     critic=None) -> None:
+        """fsdp, every process: a checkpoint's state, whole on rank 0 (``load_state``'s arguments;
+        None elsewhere), sent to every process's shards; ``counters``: steps, lr, and whether there
+        is a reference and a critic."""
+        if self.full is not None:  # first: setting the shards turns the dict's tensors into them
+            self.full.load_state_dict(model)
+        set_model_state_dict(self.model, model or {}, options=FROM_RANK0)
+        set_optimizer_state_dict(self.model, self.optimizer.optimizer, optimizer or {}, options=FROM_RANK0)
+        self.steps = counters["steps"]
+        self.set_lr(counters["lr"])
+        if counters["reference"] or counters["critic"]:
+            self.prepare_rl_models()
+        if counters["reference"]:
+            set_model_state_dict(self.ref_model, reference or {}, options=FROM_RANK0)
+        if counters["critic"]:
+            weights, state = critic or ({}, {})
+            set_model_state_dict(self.critic.model, weights, options=FROM_RANK0)
+            set_optimizer_state_dict(self.critic.model, self.critic.optimizer.optimizer, state, options=FROM_RANK0)
 
     def _follow_train(self, rows: Sequence[Row], steps: Sequence[Sequence[int]], lr: float) -> None:
         self.set_lr(lr)
@@ -516,7 +525,7 @@ class Trainer:
         """Ranks > 0: do what rank 0 announces — a round's update, the warm start, its restored
         state — step for step with it, until it says stop."""
         handlers = {"train": self._follow_train, "warm_start": self.warm_start, "state": self._take_state,
-                    "checkpoint_state": self.checkpoint_state}
+                    "checkpoint_state": self.checkpoint_state, "shards": self._take_shards}
         while True:
             box: list[Any] = [None]
             dist.broadcast_object_list(box, src=0)

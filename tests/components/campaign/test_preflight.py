@@ -36,8 +36,6 @@ BAD = {
         "trainer.warmup_until needs one trainer process (trainer.processes is 2)"),
     "a sharded model in one process": (["trainer.fsdp=true"],
                                        "trainer.fsdp shards the policy across trainer processes: set trainer.processes ≥ 2"),
-    "a sharded model with an adapter": (["trainer.fsdp=true", "trainer.processes=2", "model.lora={rank: 4}"],
-                                        "trainer.fsdp does not shard a LoRA adapter (model.lora) yet"),
     "warm-start checks near a bar that is not above": (
         ["trainer.warmup_until=0.4", "trainer.warmup_check_near=0.5"],
         "trainer.warmup_check_near (0.5) needs a trainer.warmup_until above it (it is 0.4)"),

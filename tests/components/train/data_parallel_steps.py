@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rftflow.components.algorithms import resolve
-from rftflow.components.config import TrainerConfig
+from rftflow.components.config import LoraConfig, TrainerConfig
 from rftflow.components.explore.models import load_model
 from rftflow.components.train.checkpoints import load_trainer, save_trainer
 from rftflow.components.train.trainer import Trainer
@@ -28,6 +28,7 @@ from rftflow.components.train.trainer import Trainer
 CASES = {
     "grpo": ("grpo", {"agg": "token-mean"}, 15, 7, 0.0),
     "grpo-kl": ("grpo", {"agg": "token-mean", "kl_coef": 0.1, "kl_mode": "loss"}, 15, 7, 0.0),  # a reference
+    "grpo-lora": ("grpo", {"agg": "token-mean", "kl_coef": 0.1, "kl_mode": "loss"}, 15, 7, 0.0),  # LoRA; the base
     "mix": ("mix", {"agg": "seq-mean-token-mean"}, 15, 7, 0.3),
     "ppo": ("ppo", {"agg": "seq-mean-token-sum-norm", "kl_coef": 0.1, "kl_mode": "loss"}, 15, 7, 0.0),
     "dpo": ("dpo", {}, 20, 10, 0.0),  # (chosen, rejected) pairs, never split: 5 pairs as 2 + 3
@@ -51,7 +52,7 @@ def rows(seed: int, n: int, vocab: int, expert: float) -> list[dict]:
     return out
 
 
-RESUMED = ("grpo-kl", "ppo")  # also run as "resumed:<case>"
+RESUMED = ("grpo-kl", "grpo-lora", "ppo")  # also run as "resumed:<case>"
 
 
 def run(case: str, processes: int, fsdp: bool) -> Trainer:
@@ -64,7 +65,7 @@ def run(case: str, processes: int, fsdp: bool) -> Trainer:
         torch.manual_seed(0)
         return Trainer(model.double(), tokenizer.pad_token_id,
                        TrainerConfig(lr=3e-3, micro_batch_size=micro, processes=processes, fsdp=fsdp),
-                       resolve(algorithm, **options))
+                       resolve(algorithm, **options), lora=LoraConfig(rank=4, alpha=8) if case == "grpo-lora" else None)
 
     trainer = new_trainer()
     batch = rows(1, n, trainer.unwrapped.config.vocab_size, expert)

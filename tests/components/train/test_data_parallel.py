@@ -2,7 +2,7 @@
 one process makes with the same batch: GRPO (with an SFT warm start), MIX, PPO (critic and KL)
 and DPO, each in another loss aggregation, in float64 so that what is compared is the arithmetic
 of the split, not float32 rounding; so do 2 processes that shard the model (``trainer.fsdp``) and
-its reference model and critic, and both continue from a checkpoint to the same weights."""
+its reference model, critic or LoRA adapter, and both continue from a checkpoint to the same weights."""
 
 import os
 import subprocess
@@ -41,8 +41,11 @@ def test_two_processes_make_the_one_process_update(parameters, tiny):
     one, two, _ = parameters
     initial = {name: p.detach().double() for name, p in tiny[0].named_parameters()}
     assert one["processes"] == 1 and two["processes"] == 2
-    for case in ("grpo", "grpo-kl", "mix", "ppo", "dpo"):
-        moved = max(float((one[case][k] - initial[k]).abs().max()) for k in initial)
+    for case in ("grpo", "grpo-kl", "grpo-lora", "mix", "ppo", "dpo"):
+        if case == "grpo-lora":  # the adapter's B starts at 0
+            moved = max(float(v.abs().max()) for k, v in one[case].items() if "lora_B" in k)
+        else:
+            moved = max(float((one[case][k] - initial[k]).abs().max()) for k in initial)
         assert moved > 1e-3, f"{case}: the updates did not move the parameters"
         differs = max(float((one[case][k] - two[case][k]).abs().max()) for k in one[case])
         assert differs < 1e-9, f"{case}: 2 processes differ from 1 by {differs:.2e}"
@@ -56,7 +59,7 @@ def _differs(a: dict, b: dict) -> float:
 
 def test_a_checkpoint_continues_to_the_weights_of_a_trainer_never_stopped(parameters):
     one, two, sharded = parameters
-    for case in ("grpo-kl", "ppo"):  # with a reference model, and with a critic
+    for case in ("grpo-kl", "grpo-lora", "ppo"):  # with a reference model, a LoRA adapter, a critic
         assert _differs(one[f"resumed:{case}"], one[case]) == 0.0
         assert _differs(two[f"resumed:{case}"], one[case]) < 1e-9
         assert _differs(sharded[f"resumed:{case}"], one[case]) < 1e-9
@@ -65,7 +68,7 @@ def test_a_checkpoint_continues_to_the_weights_of_a_trainer_never_stopped(parame
 def test_two_processes_sharding_the_model_make_the_one_process_update(parameters):
     one, _, sharded = parameters
     assert sharded["processes"] == 2
-    for case in ("grpo", "grpo-kl", "mix", "ppo", "dpo"):
+    for case in ("grpo", "grpo-kl", "grpo-lora", "mix", "ppo", "dpo"):
         assert 0.4 < sharded[f"{case}.held"] < 0.6, "rank 0 does not hold about half of the policy"
         differs = _differs(one[case], sharded[case])
         assert differs < 1e-9, f"{case}: 2 sharded processes differ from 1 by {differs:.2e}"
