@@ -18,6 +18,7 @@ import inspect
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -93,10 +94,24 @@ def build_builtin(name: str, out_dir: Path, seed: int = 0) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if not (tmp / "config.json").is_file():  # transformers writes models from rank 0 of a process group only
+        shutil.rmtree(tmp, ignore_errors=True)
+        return _built_elsewhere(out_dir)
     try:
         tmp.rename(out_dir)
     except OSError:  # another process built it first: theirs is identical
         shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _built_elsewhere(out_dir: Path, seconds: float = 600.0) -> Path:
+    """``out_dir`` once rank 0 of this process group has built it (``RuntimeError`` after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while not out_dir.is_dir():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{out_dir.name}: rank 0 of this process group did not build it within {seconds:.0f} s "
+                               "(transformers saves models from rank 0 only): load the model on rank 0 too")
+        time.sleep(0.2)
     return out_dir
 
 

@@ -39,3 +39,29 @@ def test_a_gguf_file_or_a_directory_with_one_is_a_model_path(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="a directory without config.json or a .gguf file"):
         check_model_path(str(tmp_path / "empty"))
+
+
+def test_processes_of_a_process_group_build_a_builtin_model_at_once_into_a_whole_directory(tmp_path):
+    """transformers writes a model from rank 0 of an initialised process group only: the others,
+    building the same model at the same moment, must wait for it and not publish a directory
+    without weights."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "load.py"
+    script.write_text("import time\n"
+                      "from accelerate import Accelerator\n"
+                      "if Accelerator(cpu=True).process_index == 0:\n"  # the process group, before the model is built
+                      "    time.sleep(3)\n"  # rank 1 first: without rank 0's writes it has no model to publish
+                      "from rftflow.components.explore.models import load_model\n"
+                      "model, _ = load_model('builtin:tiny')\n"
+                      "print('parameters', sum(p.numel() for p in model.parameters()))\n")
+    env = {**os.environ, "RFTFLOW_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("parameters") == 2
+    built = list((tmp_path / "cache").glob("builtin-tiny-*"))
+    assert len(built) == 1 and (built[0] / "config.json").is_file() and (built[0] / "model.safetensors").is_file()
