@@ -48,7 +48,8 @@ SMALL = ("rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup
 LONGEST_FIRST = ("components/train/test_learning.py", "flows/test_failures.py", "flows/test_kill_resume.py",
                  "flows/test_deployments.py", "flows/test_stops.py", "flows/test_monitoring.py",
                  "flows/test_trainer_processes.py", "components/explore/test_server_pool.py",
-                 "components/test_real_model.py", "components/explore/test_server_engines.py",
+                 "components/test_real_model.py", "components/train/test_data_parallel.py",
+                 "components/explore/test_server_engines.py",
                  "flows/test_cli_user.py", "components/explore/test_sampling_as_trl.py",
                  "flows/test_sharded_explorers.py", "flows/test_servers.py")
 

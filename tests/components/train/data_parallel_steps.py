@@ -2,7 +2,8 @@
 many processes it is launched in (``accelerate launch --multi_gpu --num_processes P``, or plain
 ``python``); rank 0 saves each case's parameters. With ``--fsdp`` the processes shard the model
 (``trainer.fsdp``), and ``resumed:<case>`` is the case saved after its first round and continued
-by a new trainer from the checkpoint (with its reference model or critic). Run by ``test_data_parallel.py``, which
+by a new trainer from the checkpoint (with its reference model or critic). ``--pretrained``: a
+round of SmolLM2-135M-Instruct in float32 instead. Run by ``test_data_parallel.py``, which
 compares 1 and 2 processes."""
 
 from __future__ import annotations
@@ -91,13 +92,31 @@ def run(case: str, processes: int, fsdp: bool) -> Trainer:
     return trainer
 
 
-def main(out: str, fsdp: bool) -> None:
+def pretrained(processes: int, fsdp: bool) -> Trainer:
+    """SmolLM2-135M-Instruct in float32: one GRPO round of two steps (8 rows each) at lr 1e-5."""
+    model, tokenizer = load_model("builtin:smollm2-135m-instruct")
+    torch.manual_seed(0)
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = Trainer(model, tokenizer.pad_token_id,
+                      TrainerConfig(lr=1e-5, micro_batch_size=8, processes=processes, fsdp=fsdp), resolve("grpo"))
+    trainer.start = start  # for the test: how far the round moved the weights
+    batch = rows(1, 16, model.config.vocab_size, 0.0)
+    trainer.train(batch, [list(range(8)), list(range(8, 16))])
+    return trainer
+
+
+def main(out: str, fsdp: bool, real: bool) -> None:
     torch.set_num_threads(1)
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     params = {"processes": processes}
-    for case in (*CASES, *(f"resumed:{c}" for c in RESUMED)):
-        trainer = run(case, processes, fsdp)
+    for case in ("pretrained",) if real else (*CASES, *(f"resumed:{c}" for c in RESUMED)):
+        if case == "pretrained":
+            trainer = pretrained(processes, fsdp)
+        else:
+            trainer = run(case, processes, fsdp)
         params[case] = {name: p.detach().cpu() for name, p in trainer.unwrapped.named_parameters()}
+        if case == "pretrained" and processes == 1:
+            params["start"] = trainer.start
         if fsdp:  # the share of the policy's elements this process holds
             held = sum(p.to_local().numel() for p in trainer.model.parameters())
             params[f"{case}.held"] = held / sum(p.numel() for p in trainer.unwrapped.parameters())
@@ -112,4 +131,4 @@ def main(out: str, fsdp: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--fsdp" in sys.argv[2:])
+    main(sys.argv[1], "--fsdp" in sys.argv[2:], "--pretrained" in sys.argv[2:])

@@ -72,3 +72,14 @@ def test_two_processes_sharding_the_model_make_the_one_process_update(parameters
         assert 0.4 < sharded[f"{case}.held"] < 0.6, "rank 0 does not hold about half of the policy"
         differs = _differs(one[case], sharded[case])
         assert differs < 1e-9, f"{case}: 2 sharded processes differ from 1 by {differs:.2e}"
+
+
+@pytest.mark.slow
+def test_two_processes_sharding_a_pretrained_model_make_the_one_process_update(tmp_path):
+    _launch(tmp_path / "one.pt", 1, "--pretrained")
+    _launch(tmp_path / "sharded.pt", 2, "--pretrained", "--fsdp")
+    ran = torch.load(tmp_path / "one.pt")
+    one, start, sharded = ran["pretrained"], ran["start"], torch.load(tmp_path / "sharded.pt")["pretrained"]
+    assert len(one) > 200  # SmolLM2's 30 layers' tensors
+    assert max(float((one[k] - start[k]).abs().max()) for k in one) > 1e-6  # the round moved the weights
+    assert _differs(one, sharded) < 1e-6  # float32: the order of the sums differs, not the update
