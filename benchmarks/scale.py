@@ -217,8 +217,8 @@ def trainer_scaling(args, work: Path) -> list[tuple[str, int, float, float]]:
             if args.fsdp:
                 sharded += trainer_run(2, args, work, sharded=True)
                 figures = sharded[-1]
-                print(f"2 trainer processes, the model sharded: {figures['rows_per_step'] / figures['step_seconds']:.1f}"
-                      " samples/s", flush=True)
+                rate = figures["rows_per_step"] / figures["step_seconds"]
+                print(f"2 trainer processes, the model sharded: {rate:.1f} samples/s", flush=True)
     rows_per_step = runs[1][0]["rows_per_step"]
     compute = {1: statistics.mean(r["step_seconds"] for r in runs[1]),
                2: statistics.mean(r["step_seconds"] for r in apart)}

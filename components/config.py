@@ -357,7 +357,8 @@ class TrainerConfig(_Section):
         "(PyTorch FSDP2: each decoder layer, then the whole model), for a policy whose training state does not fit "
         "one device; launched as `processes` are. The update is the data-parallel one; rank 0 gathers the whole "
         "policy into CPU memory after each update (for the explorer, checkpoints and the registry); a reference "
-        "model (KL, DPO), PPO's critic and a LoRA policy (base and adapter) are sharded the same way. Needs `processes` > 1.",
+        "model (KL, DPO), PPO's critic and a LoRA policy (base and adapter) are sharded the same way. Needs "
+        "`processes` > 1.",
     )
     min_lr: float | None = Field(
         None, gt=0, description="If set, the learning rate decays over the rounds from `lr` to this by a cosine; "

@@ -12,13 +12,13 @@ gradient, and the update, are those of one process with the whole batch. Only ra
 campaign (store, state, checkpoints, MLflow, weights); it announces each update to the others
 (``Trainer.follow``), which hold the same model and optimizer and step with it.
 
-With ``trainer.fsdp`` the processes hold a shard each of the policy, its gradients and AdamW's
-state instead (PyTorch FSDP2, ``fully_shard`` on each decoder layer and the root; the same update).
-After each update all of them gather the whole policy into rank 0's CPU copy (``unwrapped`` there),
-which is what rank 0 alone reads: the weights it publishes, checkpoints and registers. The
-reference model and the critic are sharded the same way (with LoRA, the base with its adapter). Gathering the rest of a checkpoint
-(``checkpoint_state``) and restoring one (``load_state``) are collectives too, announced as
-updates are.
+With ``trainer.fsdp`` the processes hold a shard each of the policy, its gradients and AdamW's state
+instead (PyTorch FSDP2, ``fully_shard`` on each decoder layer and the root; the same update). After
+each update all of them gather the whole policy into rank 0's CPU copy (``unwrapped`` there), which
+is what rank 0 alone reads: the weights it publishes, checkpoints and registers. The reference model
+and the critic are sharded the same way (with LoRA, the base with its adapter). Gathering the rest
+of a checkpoint (``checkpoint_state``) and restoring one (``load_state``) are collectives too,
+announced as updates are.
 """
 
 from __future__ import annotations

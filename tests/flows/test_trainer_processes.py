@@ -40,8 +40,8 @@ def env(cli_env):
 
 
 def finish(run_dir: Path, env: dict, *extra: str, accelerate: bool = True) -> str:
-    done = subprocess.run(command(run_dir, *extra, accelerate=accelerate), env=env, cwd=run_dir.parent, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(command(run_dir, *extra, accelerate=accelerate), env=env, cwd=run_dir.parent,
+                          capture_output=True, text=True, timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "Traceback" not in out, out[-3000:]
     return out
