@@ -185,7 +185,9 @@ def trainer_run(processes: int, args, work: Path, *, apart: bool = False, sharde
         launches = [[sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                      str(ROOT / "infra" / "accelerate" / "ddp.yaml"), "--num_processes", str(processes),
                      *worker(outs[0])]]
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")} | {"OMP_NUM_THREADS": "1"}
+    # TMPDIR: the launcher's log folders go with ``work``
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")} | {"OMP_NUM_THREADS": "1",
+                                                                                       "TMPDIR": str(work)}
     procs = [subprocess.Popen(launch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for launch in launches]
     if any(p.wait() != 0 for p in procs):
