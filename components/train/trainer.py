@@ -427,8 +427,9 @@ class Trainer:
         if not self.sharded:
             return {"optimizer": self.optimizer.state_dict(), "reference": None, "critic": None}
         self._announce("checkpoint_state")
+        reference = self.ref_model
         state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer.optimizer, options=GATHERED),
-                 "reference": get_model_state_dict(self.ref_model, options=GATHERED) if self.ref_model else None,
+                 "reference": get_model_state_dict(reference, options=GATHERED) if reference is not None else None,
                  "critic": None}
         if self.critic is not None:
             critic = self.critic.model
