@@ -58,50 +58,25 @@ def save_trainer(trainer: Trainer, out: Path, base: str | None = None) -> None:
 
 def load_trainer(trainer: Trainer, src: Path) -> None:
     """Restore what ``save_trainer`` wrote into ``trainer`` (made with the same config). With fsdp
-    rank 0 reads it and every process takes its shards (several processes may call this at once)."""
+    rank 0 reads it and every process takes its shards from rank 0 (several may call this at once)."""
     counters = json.loads((src / "trainer.json").read_text())
-    if trainer.sharded:
-        _load_shards(trainer, src, counters)
+    has_reference, has_critic = (src / "reference").is_dir(), (src / "critic").is_dir()
+    if trainer.sharded and trainer.rank != 0:  # told what there is; the tensors come from rank 0
+        trainer.load_state(None, None, counters["steps"], counters["lr"], {} if has_reference else None,
+                           ({}, {}) if has_critic else None)
         return
     model = None
     if trainer.lora:
         adapters.load_adapter(trainer.unwrapped, src)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype).state_dict()
-    trainer.load_state(model, torch.load(src / OPTIMIZER, weights_only=True), counters["steps"], counters["lr"])
-    if (src / "reference").is_dir() or (src / "critic").is_dir():
-        trainer.prepare_rl_models()  # made as at the first RL round, then overwritten below
-    if (src / "reference").is_dir():
-        _copy_weights(trainer.ref_model, AutoModelForCausalLM.from_pretrained(src / "reference"))
-    if (src / "critic").is_dir():
-        critic = trainer.accelerator.unwrap_model(trainer.critic.model)
-        _copy_weights(critic, AutoModelForTokenClassification.from_pretrained(src / "critic"))
-        trainer.critic.optimizer.load_state_dict(torch.load(src / CRITIC_OPTIMIZER, weights_only=True))
-
-
-def _load_shards(trainer: Trainer, src: Path, counters: dict) -> None:
-    """``load_trainer`` with fsdp: rank 0 reads the files (the policy into its whole copy), then
-    every process takes its shards from it (``Trainer.load_state``)."""
-    if trainer.rank != 0:  # told what there is; the tensors come from rank 0
-        trainer.load_state(None, None, counters["steps"], counters["lr"], {} if (src / "reference").is_dir() else None,
-                           ({}, {}) if (src / "critic").is_dir() else None)
-        return
-    if trainer.lora:  # the adapter into rank 0's copy, then the copy's weights to every process
-        adapters.load_adapter(trainer.unwrapped, src)
-        model = trainer.unwrapped.state_dict()
+        if trainer.sharded:  # rank 0's whole copy holds it: its weights go to every process's shards
+            model = trainer.unwrapped.state_dict()
     else:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=trainer.unwrapped.dtype).state_dict()
     reference = critic = None
-    if (src / "reference").is_dir():
+    if has_reference:
         reference = AutoModelForCausalLM.from_pretrained(src / "reference").state_dict()
-    if (src / "critic").is_dir():
+    if has_critic:
         critic = (AutoModelForTokenClassification.from_pretrained(src / "critic").state_dict(),
                   torch.load(src / CRITIC_OPTIMIZER, weights_only=True))
     trainer.load_state(model, torch.load(src / OPTIMIZER, weights_only=True), counters["steps"], counters["lr"],
                        reference, critic)
-
-
-@torch.no_grad()
-def _copy_weights(into: torch.nn.Module, loaded: torch.nn.Module) -> None:
-    """Every tensor of ``loaded`` copied into ``into`` in place (tied weights stay tied)."""
-    into.load_state_dict(loaded.state_dict())

@@ -438,23 +438,21 @@ class Trainer:
         self.busy = False
         return state
 
-    def load_state(self, model: Mapping[str, torch.Tensor] | None, optimizer: Mapping[str, Any], steps: int,
+    def load_state(self, model: Mapping[str, torch.Tensor] | None, optimizer: Mapping[str, Any] | None, steps: int,
                    lr: float, reference: Mapping[str, torch.Tensor] | None = None, critic=None) -> None:
-        """Continue from a checkpoint's policy weights (None: loaded already, a LoRA adapter),
-        optimizer state (``checkpoint_state``'s), step count and learning rate (and with fsdp the
-        reference's weights and the critic's (weights, optimizer state)). With fsdp every process
-        takes them (rank 0 sends them to the others); else the others take them from ``share_state``."""
+        """Continue from a checkpoint: the policy's weights (None: loaded already, a LoRA adapter),
+        the optimizer's state (``checkpoint_state``'s), step count, learning rate, and the reference
+        model's weights and the critic's (weights, optimizer state) if there are any. With fsdp
+        every process takes them, rank 0 sending them to the others' shards (elsewhere the tensors
+        are None, or empty for the parts there are); else the others take them from ``share_state``."""
         if self.sharded:
             counters = {"steps": steps, "lr": lr, "reference": reference is not None, "critic": critic is not None}
             self._announce("shards", counters)
             self._take_shards(counters, model, optimizer, reference, critic)
             self.busy = False
             return
-        if model is not None:
-            self.unwrapped.load_state_dict(model)
-        self.optimizer.load_state_dict(optimizer)
-        self.steps = steps
-        self.set_lr(lr)
+        self._take_state({"model": model, "optimizer": optimizer, "steps": steps, "lr": lr, "reference": reference,
+                          "critic": critic})
 
     # several processes ----------------------------------------------------------------------
     def _announce(self, command: str, *args: Any) -> None:
@@ -478,7 +476,8 @@ class Trainer:
         self.busy = False
 
     def _take_state(self, state: Mapping[str, Any]) -> None:
-        self.unwrapped.load_state_dict(state["model"])
+        if state["model"] is not None:  # None: a LoRA adapter, loaded into the model already
+            self.unwrapped.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = state["steps"]
         self.set_lr(state["lr"])
