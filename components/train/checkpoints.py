@@ -44,16 +44,12 @@ def save_trainer(trainer: Trainer, out: Path, base: str | None = None) -> None:
     torch.save(state["optimizer"], out / OPTIMIZER)
     lr = trainer.optimizer.param_groups[0]["lr"]
     (out / "trainer.json").write_text(json.dumps({"steps": trainer.steps, "lr": lr}))
-    if state["critic"] is not None:  # fsdp: gathered from the processes' shards
-        trainer.critic.model.save_pretrained(out / "critic", state_dict=state["critic"][0])
+    if state["critic"] is not None:  # (with fsdp the state dicts are whole; the models hold shards)
+        trainer.accelerator.unwrap_model(trainer.critic.model).save_pretrained(out / "critic",
+                                                                               state_dict=state["critic"][0])
         torch.save(state["critic"][1], out / CRITIC_OPTIMIZER)
-    elif trainer.critic is not None:
-        trainer.accelerator.unwrap_model(trainer.critic.model).save_pretrained(out / "critic")
-        torch.save(trainer.critic.optimizer.state_dict(), out / CRITIC_OPTIMIZER)
-    if state["reference"] is not None:  # fsdp: gathered from the processes' shards
-        trainer.unwrapped.save_pretrained(out / "reference", state_dict=state["reference"])
-    elif trainer.ref_model is not None:
-        trainer.ref_model.save_pretrained(out / "reference")
+    if state["reference"] is not None:
+        trainer.ref_model.save_pretrained(out / "reference", state_dict=state["reference"])
 
 
 def load_trainer(trainer: Trainer, src: Path) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 
 import torch
 from accelerate import Accelerator
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
@@ -26,8 +25,8 @@ class Critic:
 
     def __init__(self, policy: PreTrainedModel, accelerator: Accelerator, *, lr: float, weight_decay: float = 0.0,
                  grad_clip: float = 1.0, value_clip: float | None = 0.2,
-                 shard: Callable[[torch.nn.Module], None] | None = None, whole: bool = True):
-        """``shard``: the trainer's fsdp, applied to the value model, which then takes rank 0's
+                 shard: Callable[[torch.nn.Module, dict | None], None] | None = None, whole: bool = True):
+        """``shard(model, weights)``: the trainer's fsdp, sharding the value model with rank 0's
         weights; ``whole``: ``policy`` holds whole weights to start from (with ``shard``, on rank 0
         only: elsewhere only its config and dtype are read)."""
         config = copy.deepcopy(policy.config)
@@ -40,9 +39,7 @@ class Critic:
         if shard is None:
             self.model, self.optimizer = accelerator.prepare(model, adamw(model.parameters(), lr, weight_decay))
             return
-        start = model.state_dict() if whole else {}  # the head too: each process made its own at random
-        shard(model)
-        set_model_state_dict(model, start, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        shard(model, model.state_dict() if whole else None)  # the head too: each process made its own at random
         self.model, self.optimizer = model, accelerator.prepare_optimizer(adamw(model.parameters(), lr, weight_decay))
 
     def values(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -101,9 +101,7 @@ class Trainer:
             # FSDP2 itself, not accelerate's FSDP plugin: without CUDA accelerate launches that config as
             # unconnected single processes, while fully_shard runs over gloo as over NCCL
             self.full = copy.deepcopy(model).requires_grad_(False) if self.rank == 0 else None
-            shard(model, self.accelerator.device.type, self.processes)
-            # rank 0's weights on every process, as DDP broadcasts them (a LoRA adapter starts at random)
-            set_model_state_dict(model, self.full.state_dict() if self.full is not None else {}, options=FROM_RANK0)
+            self._shard(model)
         optimizer = adamw([p for p in model.parameters() if p.requires_grad], trainer.lr, trainer.weight_decay)
         if self.sharded:  # already distributed: no DDP wrapper around it
             self.model, self.optimizer = model, self.accelerator.prepare_optimizer(optimizer)
@@ -126,10 +124,9 @@ class Trainer:
             self.ref_model.eval().requires_grad_(False)
         self.base_reference = self.lora and self.algorithm.needs_reference
         if self.algorithm.needs_critic and self.critic is None:
-            sharding = functools.partial(shard, device=self.accelerator.device.type, processes=self.processes)
             self.critic = Critic(self.unwrapped, self.accelerator, lr=self.cfg.critic_lr or self.cfg.lr,
                                  weight_decay=self.cfg.weight_decay, grad_clip=self.cfg.grad_clip,
-                                 value_clip=self.algorithm.value_clip, shard=sharding if self.sharded else None,
+                                 value_clip=self.algorithm.value_clip, shard=self._shard if self.sharded else None,
                                  whole=not self.sharded or self.full is not None)
 
     def _batch(self, chunk: Sequence[Row]) -> dict[str, torch.Tensor]:
@@ -408,9 +405,14 @@ class Trainer:
         be deep-copied: a new model is sharded, then takes its weights from rank 0's whole copy)."""
         with torch.random.fork_rng(devices=[]):  # its random start, overwritten, leaves the seed's sequence as it was
             copied = self.blank().to(next(self.model.parameters()).dtype)
-        shard(copied, self.accelerator.device.type, self.processes)
-        set_model_state_dict(copied, self.full.state_dict() if self.full is not None else {}, options=FROM_RANK0)
+        self._shard(copied)
         return copied
+
+    def _shard(self, model: torch.nn.Module, weights: Mapping[str, torch.Tensor] | None = None) -> None:
+        """``shard`` over this trainer's processes, from rank 0's ``weights`` (default: its whole policy)."""
+        if weights is None and self.full is not None:
+            weights = self.full.state_dict()
+        shard(model, weights, self.accelerator.device.type, self.processes)
 
     def _gather(self) -> None:
         """With fsdp, every process: the whole policy into rank 0's copy (``full``)."""
@@ -420,12 +422,16 @@ class Trainer:
                 self.full.load_state_dict(whole)  # in place: ``policy_weights`` stays a view of it
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """For a checkpoint: {optimizer: its state, reference: weights, critic: (weights, its
-        optimizer's state)}. The last two only with fsdp (and the models), as otherwise they are
-        read from the models themselves; with fsdp all of it gathered from every process (whole on
-        rank 0 only; optimizers' keyed by parameter name)."""
+        """What a checkpoint holds beside the policy: {optimizer: its state, reference: weights or
+        None, critic: (weights, its optimizer's state) or None}; with fsdp gathered from every
+        process (whole on rank 0 only; optimizers' keyed by parameter name)."""
         if not self.sharded:
-            return {"optimizer": self.optimizer.state_dict(), "reference": None, "critic": None}
+            critic = None
+            if self.critic is not None:
+                critic = (self.accelerator.unwrap_model(self.critic.model).state_dict(),
+                          self.critic.optimizer.state_dict())
+            return {"optimizer": self.optimizer.state_dict(), "critic": critic,
+                    "reference": self.ref_model.state_dict() if self.ref_model is not None else None}
         self._announce("checkpoint_state")
         reference = self.ref_model
         state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer.optimizer, options=GATHERED),
@@ -466,13 +472,8 @@ class Trainer:
         learning rate (and reference and critic), so all step from the same state."""
         if not self.leads or self.sharded:  # with fsdp, ``load_state`` gave it to every process
             return
-        critic = None
-        if self.critic is not None:
-            critic = (self.accelerator.unwrap_model(self.critic.model).state_dict(), self.critic.optimizer.state_dict())
-        self._announce("state", {
-            "model": self.unwrapped.state_dict(), "optimizer": self.optimizer.state_dict(), "steps": self.steps,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "reference": self.ref_model.state_dict() if self.ref_model is not None else None, "critic": critic})
+        self._announce("state", {**self.checkpoint_state(), "model": self.unwrapped.state_dict(), "steps": self.steps,
+                                 "lr": self.optimizer.param_groups[0]["lr"]})
         self.busy = False
 
     def _take_state(self, state: Mapping[str, Any]) -> None:
@@ -535,15 +536,19 @@ class Trainer:
             handlers[command](*args)
 
 
-def shard(model: PreTrainedModel, device: str, processes: int) -> None:
+def shard(model: torch.nn.Module, weights: Mapping[str, torch.Tensor] | None, device: str,
+          processes: int) -> None:
     """FSDP2 over ``processes``: each decoder layer (the classes transformers keeps whole,
-    ``_no_split_modules``) its own unit, the rest (embeddings, norm, head) the root's."""
+    ``_no_split_modules``) its own unit, the rest (embeddings, norm, head) the root's; then every
+    process takes its shards of rank 0's ``weights`` (whole there, None elsewhere), as DDP
+    broadcasts rank 0's at the start (what a process made at random differs from rank 0's)."""
     mesh = init_device_mesh(device, (processes,))
-    whole = set(getattr(model, "_no_split_modules", None) or ())
+    units = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
-        if type(module).__name__ in whole:
+        if type(module).__name__ in units:
             fully_shard(module, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    set_model_state_dict(model, weights or {}, options=FROM_RANK0)
 
 
 def launch_mismatch(configured: int, launched: int) -> str:
