@@ -52,12 +52,10 @@ def server_pool(args, work: Path) -> list[tuple[str, int, float]]:
     calls each, the timed calls alternate between the two (``--repeats`` each), so both meet the
     same machine; the median call of each."""
     from rftflow.components.explore.engines import OpenAIRolloutEngine
-    from rftflow.components.explore.models import dequantized, load_model, resolve_model_path
+    from rftflow.components.explore.models import load_model, model_directory
     from rftflow.infra.vllm_server import vllm_servers
 
-    model_dir = resolve_model_path(args.model)
-    if model_dir.endswith(".gguf"):  # SmolLM2: the servers read its de-quantized HF directory
-        model_dir = str(dequantized(Path(model_dir)))
+    model_dir = model_directory(args.model)  # a GGUF (SmolLM2): the servers read its de-quantized directory
     _, tokenizer = load_model(args.model)
     prompts = [f"{a} + {b} =" for a, b in zip(range(args.prompts), range(7, 7 + args.prompts))]
     rates: dict[int, list[float]] = {1: [], 2: []}

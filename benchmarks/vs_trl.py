@@ -80,7 +80,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
 PROMPTS, GROUP = 8, 8  # prompts x responses per step (--prompts, --group; a pretrained --model: 4 x 4)
 SIDES = ("trl", "loop", "apart", "flow", "flow_stage", "flow_round")
-CHILDREN = (*SIDES, "replay", "openai", "async")  # openai, async: --model only, on a vLLM CPU server
+# openai, async: --model only, on a vLLM CPU server; trl_vllm, vllm: --model only, vLLM in the side's process
+CHILDREN = (*SIDES, "replay", "openai", "async", "trl_vllm", "vllm")
+VLLM_SIDES = ("trl_vllm", "vllm")
 LR = 1e-3  # the issue's setting
 # a pretrained --model answers in words: its prompt asks a question, math_verify reads its final number
 REAL_TASK = ["taskset.prompt_template='Question: what is {expression}? Answer:'", "reward.function=math_verify"]
@@ -201,6 +203,9 @@ def trl_trainer(cfg, args):
         # checkpointing, which is other work (and bf16 is emulated, ~7x slower, on a CPU without avx512_bf16)
         bf16=False, gradient_checkpointing=False,
         shuffle_dataset=False,  # the prompts of rftflow's rounds, in its order (``rounds_tasks``)
+        # trl_vllm: vLLM in this process (colocate), as rftflow's ``vllm`` engine; no sleep mode on either side
+        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,
+            "vllm_enable_sleep_mode": False} if args.side == "trl_vllm" else {}),
     )
     data = Dataset.from_list([{"prompt": t.prompt} for t in rounds_tasks(cfg, taskset, args.steps)])
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer)
@@ -220,7 +225,10 @@ def side_trl(cfg, args) -> dict:
     """TRL's ``trainer.train()``, timed by phase: decode (``model.generate``), reward (the reward
     function), train (forward, backward, the optimizer step and the loop around them: all but the
     batch preparation), other (the rest of the preparation: tokenising, advantages); no sync (one
-    model samples and trains)."""
+    model samples and trains). ``trl_vllm``: decode is vLLM's ``generate`` (TRL's ``VLLMGeneration``)
+    and sync its ``sync_weights`` (the weights into vLLM before each step's sampling); the rest as
+    above (with vLLM TRL's preparation also recomputes the sampled tokens' log-probs under the
+    trainer's model, for its importance-sampling correction: in other)."""
     import torch
 
     trainer, tokenizer, taskset, reward_fn = trl_trainer(cfg, args)
@@ -239,6 +247,16 @@ def side_trl(cfg, args) -> dict:
         return call
 
     generate = model.generate
+    spent["sync"] = 0.0
+
+    def counted_vllm(prompts, *a, **kw):  # token ids in, (prompt ids, completion ids, log-probs, …) out
+        start = time.perf_counter()
+        out = vllm_generate(prompts, *a, **kw)
+        tokens.decode_s += time.perf_counter() - start
+        prompt_ids, completion_ids = out[0], out[1]
+        tokens.add([len(p) for p in prompt_ids], [len(c) for c in completion_ids], GROUP)
+        tokens.add_prompts([list(p) for p in prompt_ids[::GROUP]])
+        return out
 
     def counted_generate(*a, **kw):  # TRL passes input_ids and attention_mask by name
         start = time.perf_counter()
@@ -257,17 +275,23 @@ def side_trl(cfg, args) -> dict:
         lengths.extend(trainer._metrics["train"].get("completions/mean_length", []))
         return log(logs, *rest)
 
-    model.generate = counted_generate
+    if args.side == "trl_vllm":  # colocate: one vLLM call per step over every prompt's G copies
+        vllm = trainer.vllm_generation
+        vllm_generate, vllm.generate = vllm.generate, counted_vllm
+        vllm.sync_weights = timed("sync", vllm.sync_weights)
+    else:
+        model.generate = counted_generate
     trainer.reward_funcs[0] = timed("reward", trainer.reward_funcs[0])
     trainer._generate_and_score_completions = timed("prepare", trainer._generate_and_score_completions)
     trainer.log = keep_lengths
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    del model.generate
+    if args.side != "trl_vllm":
+        del model.generate
     scores = held_out_scores(model, tokenizer, cfg, taskset.held_out, reward_fn)
-    phases = {"decode": tokens.decode_s, "reward": spent["reward"], "train": seconds - spent["prepare"], "sync": 0.0,
-              "other": spent["prepare"] - tokens.decode_s - spent["reward"]}
+    phases = {"decode": tokens.decode_s, "reward": spent["reward"], "train": seconds - spent["prepare"],
+              "sync": spent["sync"], "other": spent["prepare"] - tokens.decode_s - spent["reward"] - spent["sync"]}
     return {"seconds": seconds, "accuracy": correct_share(scores), "scores": scores,
             "response_tokens": mean(lengths) if len(lengths) == args.steps else float("nan"),
             "phases": phases, "tokens": tokens.report(), "flops": tokens.model_flops(matmul_params(model))}
@@ -493,6 +517,12 @@ def child(args) -> None:
                                                              args.threads, args.lr, real=True), *server])
     if args.side == "openai":  # the loop, rollouts on the server
         result = side_loop(cfg, args)
+    elif args.side == "vllm":  # the loop, rollouts on vLLM in this process
+        result = side_loop(load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps,
+                                                 args.seed, args.threads, args.lr, real=True), "explorer.engine=vllm"]),
+                           args)
+    elif args.side == "trl_vllm":
+        result = side_trl(cfg, args)
     elif args.side == "async":  # the flow in async mode: the next round's rollouts beside this round's training
         result = side_flow(cfg, args, *server, "mode=async", "sync.offset=1", "algorithm.max_staleness=1")
     elif args.role:
@@ -514,7 +544,12 @@ def run_side(side: str, model_dir: str, tokens: int, args) -> dict:
 def side_command(side: str, model_dir: str, tokens: int, threads: int, args, *extra: str) -> tuple[list[str], dict]:
     """The command line and environment of one side's process (``extra``: more arguments)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    return [sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--tokens", str(tokens),
+    python = [sys.executable]
+    if side in VLLM_SIDES:  # where vLLM is installed: here (a GPU machine), or the vLLM CPU virtualenv
+        from rftflow.infra.vllm_server import in_process_python
+
+        python, env = in_process_python(env)
+    return [*python, __file__, "--side", side, "--model-dir", model_dir, "--tokens", str(tokens),
             "--steps", str(args.steps), "--seed", str(args.seed), "--threads", str(threads), "--lr", str(args.lr),
             "--prompts", str(PROMPTS), "--group", str(GROUP), *(["--model", args.model] if args.model else []),
             *(["--base-url", args.base_url] if side in ("openai", "async") else []),
@@ -691,8 +726,9 @@ def compare_on_model(args) -> None:
     print("| side | samples/s (range) | response tokens | s/step: decode | reward + contract | train | sync | other "
           "| decode GFLOP/s | train GFLOP/s | model GFLOP/s | % of matmul peak | vs TRL |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    base = median(samples_per_s(r["seconds"], args.steps) for r in runs["trl"]) if "trl" in runs else None
     for side, rs in runs.items():
+        against = "trl_vllm" if side in VLLM_SIDES else "trl"  # TRL on the same rollout engine
+        base = median(samples_per_s(r["seconds"], args.steps) for r in runs[against]) if against in runs else None
         rates = [samples_per_s(r["seconds"], args.steps) for r in rs]
         if "phases" not in rs[0]:  # the async flow: its rounds' wall time only
             print(f"| {side} | {median(rates):.2f} ({min(rates):.2f}-{max(rates):.2f}) | "
@@ -708,10 +744,12 @@ def compare_on_model(args) -> None:
               f"{mean(r['response_tokens'] for r in rs):.1f} | {phase['decode']:.2f} | {phase['reward']:.2f} | "
               f"{phase['train']:.2f} | {phase['sync']:.2f} | {phase['other']:.2f} | {decode:.1f} | {train:.1f} | "
               f"{model_rate:.1f} | {100 * model_rate / peak:.0f} % | {ratio} |")
-    if {"trl", "loop"} <= runs.keys():
-        same = all(t["tokens"]["prompts_sha256"] == lp["tokens"]["prompts_sha256"] for t, lp in zip(runs["trl"], runs["loop"]))
-        print(f"\nthe same prompts, in the same order, on both sides in every seed: {'yes' if same else 'NO'}")
-        print_paired_accuracy(runs["trl"], runs["loop"], args.steps)
+    for trl, ours in (("trl", "loop"), ("trl_vllm", "vllm")):
+        if {trl, ours} <= runs.keys():
+            same = all(t["tokens"]["prompts_sha256"] == lp["tokens"]["prompts_sha256"]
+                       for t, lp in zip(runs[trl], runs[ours]))
+            print(f"\n{trl} and {ours}: the same prompts, in the same order, in every seed: {'yes' if same else 'NO'}")
+            print_paired_accuracy(runs[trl], runs[ours], args.steps)
 
 
 def print_paired_accuracy(trl: list[dict], loop: list[dict], steps: int) -> None:

@@ -254,7 +254,8 @@ class ExplorerConfig(_Section):
     engine: Literal["hf", "openai", "vllm"] = Field(
         "hf", description="Rollout engine (see components.explore.engines): `hf` transformers `generate` in this "
         "process; `openai` an OpenAI-compatible completions server that returns token ids and log-probs "
-        "(`vllm serve`; `base_url`, `served_model`); `vllm` vLLM in this process, on a GPU (the `vllm` extra).",
+        "(`vllm serve`; `base_url`, `served_model`); `vllm` vLLM in this process, on a GPU (the `vllm` extra), "
+        "in `model.dtype` (with `model.lora`: vLLM's choice, bfloat16 for a float32 model).",
     )
     base_url: str | list[str] | None = Field(
         None, description="`openai` engine: the server's URL, e.g. http://127.0.0.1:8000, or a list of replicas' URLs "

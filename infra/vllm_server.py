@@ -30,6 +30,30 @@ def vllm_available() -> bool:
     return (VLLM_VENV / "bin" / "vllm").exists()  # installed by infra/vllm_cpu_env.sh
 
 
+def in_process_python(env: dict) -> tuple[list[str], dict]:
+    """The interpreter (a command to put a script and its arguments after) and environment for a
+    process that runs vLLM inside it (the ``vllm`` engine, TRL's colocated vLLM): this one where vLLM
+    is installed (a GPU machine), else the CPU virtualenv's python with this environment's packages
+    (rftflow's dependencies) after its own, so vLLM runs with the versions it was installed with.
+    The engine runs in that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine process beside it)."""
+    import importlib.util
+    import sysconfig
+
+    env = {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1",
+           "DO_NOT_TRACK": "1"}
+    if importlib.util.find_spec("vllm") is not None:
+        return [sys.executable], env
+    if not vllm_available():
+        raise RuntimeError(f"vLLM is not installed here (pip install vllm, on a GPU machine) and {VLLM_VENV} is "
+                           "missing (infra/vllm_cpu_env.sh builds it)")
+    root = Path(__file__).resolve().parents[1]  # the checkout, which holds the rftflow package
+    after = ("import runpy, sys; sys.path.append(sys.argv.pop(1)); sys.argv.pop(0); "
+             "runpy.run_path(sys.argv[0], run_name='__main__')")
+    return ([str(VLLM_VENV / "bin" / "python"), "-c", after, sysconfig.get_paths()["purelib"]],
+            {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")])),
+             "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+
+
 @dataclass
 class Server:
     """A started server: its URL and process (the leader of its own process group)."""

@@ -440,9 +440,12 @@ def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizer
         return OpenAIRolloutEngine(explorer.base_url, explorer.served_model, tokenizer,
                                    batch_size=explorer.batch_size, chat_template=chat_template)
     if explorer.engine == "vllm":
-        from rftflow.components.explore.models import resolve_model_path
+        from rftflow.components.explore.models import model_directory
 
-        model_dir = resolve_model_path(model_config.path, allow_download=model_config.allow_download)
-        return VLLMRolloutEngine(model_dir, tokenizer, chat_template=chat_template, seed=seed,
+        model_dir = model_directory(model_config.path, allow_download=model_config.allow_download)
+        # the trainer's dtype, so the sync check compares like with like ("auto" would sample a float32
+        # model in bfloat16); LoRA: vLLM's own choice, its LoRA kernels take float16 or bfloat16 only
+        dtype = "auto" if model_config.lora else model_config.dtype
+        return VLLMRolloutEngine(model_dir, tokenizer, chat_template=chat_template, seed=seed, dtype=dtype,
                                  lora=model_config.lora)
     return HFRolloutEngine(model, tokenizer, batch_size=explorer.batch_size, chat_template=chat_template)

