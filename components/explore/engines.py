@@ -364,7 +364,12 @@ class VLLMRolloutEngine:
         return groups
 
     def load_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
-        """Newer weights into the running engine, in place (``reload_weights`` on its workers)."""
+        """Newer weights into the running engine, in place (``reload_weights`` on its workers): the
+        tensors themselves when the model runs in this process and vLLM takes them
+        (``_reloads_tensors``), else through a safetensors file the workers read."""
+        if _reloads_tensors():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+            return
         with tempfile.TemporaryDirectory(prefix="rftflow-weights-") as out:
             save_file(cpu_copies(weights), str(Path(out) / "model.safetensors"))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": out})
@@ -383,6 +388,20 @@ class VLLMRolloutEngine:
         self.lora_request = LoRARequest(ADAPTER_NAME, number, str(out))
         self._adapter_files = newest_files(self, out, self._adapter_files)  # vLLM read the one before
         return True
+
+
+@functools.cache
+def _reloads_tensors() -> bool:
+    """Whether vLLM's model runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no copy of
+    the weights crosses a process boundary) and its ``reload_weights`` takes tensors
+    (``weights_iterator``; older releases read a path only)."""
+    import inspect
+
+    from vllm import envs
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return (not envs.VLLM_ENABLE_V1_MULTIPROCESSING
+            and "weights_iterator" in inspect.signature(GPUModelRunner.reload_weights).parameters)
 
 
 def newest_files(owner, out: Path, before: weakref.finalize | None) -> weakref.finalize:
