@@ -43,6 +43,9 @@ prints the time of each phase (decode, reward + contract, train, sync, other) an
 (``Tokens.model_flops``: 2 per weight per token forward, 6 forward + backward) per second of
 each, against this machine's float32 matmul rate (``matmul_gflops``, measured before and after the
 runs), and the held-out accuracy of both on the same 200 tasks, paired by task and seed.
+``--sides trl_vllm,vllm`` runs both with vLLM in the side's process: TRL's colocate mode and
+rftflow's ``vllm`` engine (each "vs TRL" is against TRL on the same engine); where vLLM is not
+installed, the vLLM CPU virtualenv's python runs them (``infra.vllm_server.in_process_python``).
 
 The start model: ``--init warm`` (default) is ``builtin:tiny`` after 1000 SFT steps on
 demonstrations, made once by rftflow and saved as a Hugging Face directory, so accuracy means
@@ -56,6 +59,7 @@ work; long responses are ``--init tiny --tokens 32`` (the random model rarely st
     python benchmarks/vs_trl.py --tokens 8 --lr 3e-5 --replay
     python benchmarks/vs_trl.py --tokens 8 --lr 3e-5 --accuracy-seeds 0,1,2,3,4,5
     python benchmarks/vs_trl.py --model builtin:smollm2-135m-instruct --tokens 32 --lr 1e-6   # seeds 0,1,2
+    python benchmarks/vs_trl.py --model builtin:smollm2-135m-instruct --tokens 32 --lr 1e-6 --sides trl_vllm,vllm
 """
 
 from __future__ import annotations
@@ -508,27 +512,23 @@ def child(args) -> None:
     torch.set_num_threads(args.threads)
     role = [f"mode={args.role}", "sync.method=checkpoint", "sync.offset=1",
             f"storage.url={Path(args.store).as_uri()}"] if args.role else []
+    engine = ["explorer.engine=vllm"] if args.side == "vllm" else []  # the loop, rollouts on vLLM in this process
     cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads,
-                                                         args.lr, real=args.model is not None), *role])
+                                                         args.lr, real=args.model is not None), *role, *engine])
     server = [] if not args.base_url else ["explorer.engine=openai", f"explorer.base_url={args.base_url}",
                                            "explorer.served_model=model"]
     if server:
         cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed,
                                                              args.threads, args.lr, real=True), *server])
-    if args.side == "openai":  # the loop, rollouts on the server
+    if args.side in ("openai", "vllm"):  # the loop, rollouts on the server or on vLLM in this process
         result = side_loop(cfg, args)
-    elif args.side == "vllm":  # the loop, rollouts on vLLM in this process
-        result = side_loop(load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps,
-                                                 args.seed, args.threads, args.lr, real=True), "explorer.engine=vllm"]),
-                           args)
-    elif args.side == "trl_vllm":
-        result = side_trl(cfg, args)
     elif args.side == "async":  # the flow in async mode: the next round's rollouts beside this round's training
         result = side_flow(cfg, args, *server, "mode=async", "sync.offset=1", "algorithm.max_staleness=1")
     elif args.role:
         result = apart_role(cfg, args)
     else:
-        result = {"trl": side_trl, "loop": side_loop, "apart": side_apart, "flow": side_flow, "replay": side_replay,
+        result = {"trl": side_trl, "trl_vllm": side_trl, "loop": side_loop, "apart": side_apart, "flow": side_flow,
+                  "replay": side_replay,
                   "flow_stage": lambda cfg, args: side_flow(cfg, args, "orchestration.task_runs=stage"),
                   "flow_round": lambda cfg, args: side_flow(cfg, args, "orchestration.task_runs=round")}[args.side](cfg, args)
     result.setdefault("peak_rss_mb", peak_rss_mb())

@@ -315,16 +315,18 @@ class VLLMRolloutEngine:
     With ``lora`` (a LoRA campaign's ``LoraConfig``) vLLM runs with LoRA enabled and a sync loads
     the trainer's adapter (``load_adapter``) instead of merged weights: each sync is a new
     ``LoRARequest`` (a new id, so vLLM reads the new files), and responses are sampled with the
-    newest one; before the first sync, with the base."""
+    newest one; before the first sync, with the base. ``eager``: vLLM's ``enforce_eager`` (no
+    torch.compile, no CUDA graphs: a quicker start, a slower decode)."""
 
     def __init__(self, model_dir: str, tokenizer: PreTrainedTokenizerBase, *, chat_template: bool = False,
-                 dtype: str = "auto", gpu_memory_utilization: float = 0.3, seed: int = 0, lora=None):
+                 dtype: str = "auto", gpu_memory_utilization: float = 0.3, seed: int = 0, lora=None,
+                 eager: bool = False):
         from vllm import LLM  # the `vllm` extra, on a GPU machine
 
         self.tokenizer, self.chat_template = tokenizer, chat_template
         adapters = {} if lora is None else {"enable_lora": True, "max_lora_rank": lora.rank, "max_loras": 1}
         self.llm = LLM(model=str(model_dir), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                       enforce_eager=True, seed=seed, **adapters)
+                       enforce_eager=eager, seed=seed, **adapters)
         self.lora, self.lora_request = lora is not None, None  # the newest synced adapter's request
         self._adapter_files: weakref.finalize | None = None  # removes the newest adapter's directory
         try:  # vLLM stops where the model's generation config says, as the hf engine does
@@ -466,5 +468,5 @@ def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizer
         # model in bfloat16); LoRA: vLLM's own choice, its LoRA kernels take float16 or bfloat16 only
         dtype = "auto" if model_config.lora else model_config.dtype
         return VLLMRolloutEngine(model_dir, tokenizer, chat_template=chat_template, seed=seed, dtype=dtype,
-                                 lora=model_config.lora)
+                                 lora=model_config.lora, eager=explorer.vllm_eager)
     return HFRolloutEngine(model, tokenizer, batch_size=explorer.batch_size, chat_template=chat_template)

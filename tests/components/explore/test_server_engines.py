@@ -139,7 +139,7 @@ def test_vllm_engine_logprobs_agree_with_the_trainer(tiny):
     from rftflow.components.explore.models import resolve_model_path
 
     model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
-    engine = VLLMRolloutEngine(resolve_model_path("builtin:tiny"), tokenizer, dtype="float32")
+    engine = VLLMRolloutEngine(resolve_model_path("builtin:tiny"), tokenizer, dtype="float32", eager=True)
     rollouts = [r for g in engine.generate(["1 + 2 =", "34 + 5 ="], n=4, max_new_tokens=6) for r in g]
     worst = max(abs(a - b) for r, theirs in zip(rollouts, _recomputed(model, rollouts, 1.0))
                 for a, b in zip(r.logprobs, theirs))
@@ -166,7 +166,8 @@ def test_vllm_engine_samples_with_the_adapter_the_trainer_synced(tiny):
         for p in lora_b:
             p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
     # vLLM's LoRA kernels take float16 or bfloat16 (``dtype="auto"`` gives bfloat16 for a float32 model)
-    engine = VLLMRolloutEngine(resolve_model_path("builtin:tiny"), tokenizer, dtype="bfloat16", lora=lora)
+    engine = VLLMRolloutEngine(resolve_model_path("builtin:tiny"), tokenizer, dtype="bfloat16", lora=lora,
+                               eager=True)
     sync = MemoryWeightSync(lambda: adapters.merged_weights(policy), engine,
                             adapter=lambda out: adapters.save_adapter(policy, out, base="builtin:tiny"))
 
