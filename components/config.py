@@ -264,8 +264,7 @@ class ExplorerConfig(_Section):
     served_model: str | None = Field(None, description="`openai` engine: the model name the server serves.")
     vllm_eager: bool = Field(
         False, description="`vllm` engine: run the model eagerly (vLLM's `enforce_eager`: no torch.compile, no CUDA "
-        "graphs): it starts sooner and decodes slower (on CPU the compile takes a minute or more, and then "
-        "decodes SmolLM2 about 1.5x faster).")
+        "graphs): a quicker start, a slower decode.")
     shards: int = Field(
         1, gt=0, description="Explorer processes (`mode: explore`) share each round: its tasks are cut into this many "
         "shards (contiguous slices of the round's selection), each explored, verified and committed on its own by the "

