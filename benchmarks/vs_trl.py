@@ -46,6 +46,9 @@ runs), and the held-out accuracy of both on the same 200 tasks, paired by task a
 ``--sides trl_vllm,vllm`` runs both with vLLM in the side's process: TRL's colocate mode and
 rftflow's ``vllm`` engine (each "vs TRL" is against TRL on the same engine); where vLLM is not
 installed, the vLLM CPU virtualenv's python runs them (``infra.vllm_server.in_process_python``).
+One difference stays: TRL lets vLLM choose its dtype (bfloat16 for this float32 model; TRL 1.16 has
+no option for it) and corrects the sampling with importance weights, for which it recomputes the
+sampled tokens' log-probs under the trainer's model; rftflow's engine samples in ``model.dtype``.
 
 The start model: ``--init warm`` (default) is ``builtin:tiny`` after 1000 SFT steps on
 demonstrations, made once by rftflow and saved as a Hugging Face directory, so accuracy means
