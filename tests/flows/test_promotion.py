@@ -139,7 +139,8 @@ def test_lora_versions_name_their_base_once_load_elsewhere_and_are_promoted(tmp_
     home = tmp_path / "elsewhere"
     home.mkdir()
     done = subprocess.run([sys.executable, "-c", LOAD_ELSEWHERE, uri, "adapted", "2", json.dumps(questions)],
-                          cwd=home, env={"PATH": "/usr/bin:/bin", "HOME": str(home), "HF_HUB_OFFLINE": "1"},
+                          cwd=home, env={"PATH": "/usr/bin:/bin", "HOME": str(home), "HF_HUB_OFFLINE": "1",
+                                         "TMPDIR": str(home)},  # that machine's temp dir (the download)
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     answers = json.loads(done.stdout.splitlines()[-1])
