@@ -240,7 +240,7 @@ def side_trl(cfg, args) -> dict:
 
     trainer, tokenizer, taskset, reward_fn = trl_trainer(cfg, args)
     lengths, log = [], trainer.log
-    tokens, spent = Tokens(), {"prepare": 0.0, "reward": 0.0}
+    tokens, spent = Tokens(), {"prepare": 0.0, "reward": 0.0, "sync": 0.0}
     eos = torch.tensor(trainer.eos_token_ids)
     model = trainer.model
 
@@ -254,7 +254,6 @@ def side_trl(cfg, args) -> dict:
         return call
 
     generate = model.generate
-    spent["sync"] = 0.0
 
     def counted_vllm(prompts, *a, **kw):  # token ids in, (prompt ids, completion ids, log-probs, …) out
         start = time.perf_counter()

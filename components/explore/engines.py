@@ -396,14 +396,18 @@ class VLLMRolloutEngine:
 def _reloads_tensors() -> bool:
     """Whether vLLM's model runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no copy of
     the weights crosses a process boundary) and its ``reload_weights`` takes tensors
-    (``weights_iterator``; older releases read a path only)."""
+    (``weights_iterator``; older releases read a path only, or lay their runner out otherwise)."""
     import inspect
 
     from vllm import envs
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    return (not envs.VLLM_ENABLE_V1_MULTIPROCESSING
-            and "weights_iterator" in inspect.signature(GPUModelRunner.reload_weights).parameters)
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        takes = "weights_iterator" in inspect.signature(GPUModelRunner.reload_weights).parameters
+    except (ImportError, AttributeError):
+        takes = False
+    return takes and not envs.VLLM_ENABLE_V1_MULTIPROCESSING
 
 
 def newest_files(owner, out: Path, before: weakref.finalize | None) -> weakref.finalize:
