@@ -204,9 +204,9 @@ def dequantized(gguf: Path) -> Path:
     process of a campaign would pay that at each start."""
     import transformers
 
-    stat = gguf.resolve().stat()
-    key = json.dumps([str(gguf.resolve()), stat.st_size, stat.st_mtime_ns, transformers.__version__,
-                      _BUILTIN_VERSION])
+    gguf = gguf.resolve()
+    stat = gguf.stat()
+    key = json.dumps([str(gguf), stat.st_size, stat.st_mtime_ns, transformers.__version__, _BUILTIN_VERSION])
     target = cache_dir() / f"gguf-{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
     if target.exists():
         return target

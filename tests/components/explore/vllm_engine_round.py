@@ -5,7 +5,7 @@ metrics, and the dtype vLLM runs in. Arguments: config, run dir, ``--set`` overr
 import json
 import sys
 
-from rftflow.components.campaign.schedule import ROUND, Step
+from rftflow.components.campaign.schedule import ROUND
 from rftflow.components.campaign.stages import Campaign
 from rftflow.components.config import load_config
 
