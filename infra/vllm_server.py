@@ -13,10 +13,12 @@ is a process group of its own (the API server and its engine process), stopped a
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -27,7 +29,38 @@ VLLM_VENV = Path(os.environ.get("RFTFLOW_VLLM_VENV", Path(__file__).resolve().pa
 
 
 def vllm_available() -> bool:
-    return (VLLM_VENV / "bin" / "vllm").exists()  # installed by infra/vllm_cpu_env.sh
+    """Whether the CPU virtualenv ``VLLM_VENV`` imports vllm (see ``vllm_problem``)."""
+    return vllm_problem() is None
+
+
+@functools.cache
+def vllm_problem() -> str | None:
+    """Why the CPU virtualenv cannot run vLLM, in one line (None: ``import vllm`` works in its python).
+    Checked once per process, and once per state of its site-packages: a stamp in the virtualenv
+    records the folder's and vllm's modification times of the last import that worked."""
+    python = VLLM_VENV / "bin" / "python"
+    if not python.exists():
+        return f"no vLLM CPU virtualenv at {VLLM_VENV} (infra/vllm_cpu_env.sh builds it)"
+    marks = [p for site in sorted((VLLM_VENV / "lib").glob("python3*/site-packages")) for p in (site, site / "vllm")]
+    state = "".join(f"{p} {p.stat().st_mtime_ns}\n" for p in marks if p.exists())
+    stamp = VLLM_VENV / ".rftflow-import-ok"
+    if state and stamp.is_file() and stamp.read_text() == state:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:  # importing vllm makes torch's compile cache folder in TMPDIR
+        try:
+            done = subprocess.run([str(python), "-c", "import vllm"], env={**os.environ, "TMPDIR": tmp},
+                                  capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"the vLLM CPU virtualenv at {VLLM_VENV} does not run python: {e}"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return f"the vLLM CPU virtualenv at {VLLM_VENV} does not import vllm ({last}): rebuild it with " \
+               "infra/vllm_cpu_env.sh"
+    try:
+        stamp.write_text(state)
+    except OSError:  # a read-only virtualenv: checked again next time
+        pass
+    return None
 
 
 def in_process_python(env: dict) -> tuple[list[str], dict]:
@@ -44,8 +77,7 @@ def in_process_python(env: dict) -> tuple[list[str], dict]:
     if importlib.util.find_spec("vllm") is not None:
         return [sys.executable], env
     if not vllm_available():
-        raise RuntimeError(f"vLLM is not installed here (pip install vllm, on a GPU machine) and {VLLM_VENV} is "
-                           "missing (infra/vllm_cpu_env.sh builds it)")
+        raise RuntimeError(f"vLLM is not installed here (pip install vllm, on a GPU machine) and {vllm_problem()}")
     root = Path(__file__).resolve().parents[1]  # the checkout, which holds the rftflow package
     after = ("import runpy, sys; sys.path.append(sys.argv.pop(1)); sys.argv.pop(0); "
              "runpy.run_path(sys.argv[0], run_name='__main__')")
@@ -184,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora-rank", type=int, default=None, help="load LoRA adapters up to this rank at run time")
     args = parser.parse_args(argv)
     if not vllm_available():
-        print(f"error: no vLLM virtualenv at {VLLM_VENV}: build it with infra/vllm_cpu_env.sh", file=sys.stderr)
+        print(f"error: {vllm_problem()}", file=sys.stderr)
         return 2
     from rftflow.components.explore.models import resolve_model_path
 

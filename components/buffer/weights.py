@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rftflow.components.buffer.kill_point import kill_point
 from rftflow.components.buffer.layout import CHECKPOINT_MANIFEST, WEIGHTS_MANIFEST, checkpoint_prefix, weights_prefix
 from rftflow.components.buffer.store import ObjectStore
 
@@ -51,6 +52,7 @@ class WeightStore:
             self.objects.put(f"{prefix}/{name}", data)
             listed[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         manifest = json.dumps({**meta, "version": version, "files": listed}, sort_keys=True, indent=1).encode()
+        kill_point("checkpoint", prefix)
         self.objects.put(f"{prefix}/{CHECKPOINT_MANIFEST}", manifest, if_absent=True)
         self.objects.delete(f"{prefix}/corrupt.json")  # a corrupt one set aside at this version is replaced
         return prefix

@@ -14,15 +14,14 @@ import pyarrow.compute  # noqa: F401
 import pytest
 import torch
 
-from rftflow.infra.vllm_server import VLLM_VENV, vllm_available, vllm_server
+from rftflow.infra.vllm_server import vllm_available, vllm_problem, vllm_server
 
 # behaviour log-probs from the server vs the trainer's recomputation (float32 on both sides; vLLM's
 # CPU kernels sum in another order than torch's)
 LOGPROB_TOLERANCE = 1e-3
 BF16_LOGPROB_TOLERANCE = 0.05  # mean, the engine in bfloat16 (vLLM's LoRA kernels), the trainer in float32
 
-needs_server = pytest.mark.skipif(not vllm_available(),
-                                  reason=f"no vLLM CPU virtualenv at {VLLM_VENV}: build it with infra/vllm_cpu_env.sh")
+needs_server = pytest.mark.skipif(not vllm_available(), reason=f"{vllm_problem()} (RFTFLOW_ALLOW_MISSING=vllm)")
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,9 @@ import time
 import pyarrow.compute as pc
 import pytest
 
-from rftflow.infra.vllm_server import VLLM_VENV, start_server, vllm_available, vllm_servers
+from rftflow.infra.vllm_server import start_server, vllm_available, vllm_problem, vllm_servers
 
-pytestmark = pytest.mark.skipif(not vllm_available(),
-                                reason=f"no vLLM CPU virtualenv at {VLLM_VENV}: build it with infra/vllm_cpu_env.sh")
+pytestmark = pytest.mark.skipif(not vllm_available(), reason=f"{vllm_problem()} (RFTFLOW_ALLOW_MISSING=vllm)")
 
 
 @pytest.fixture(scope="module")
