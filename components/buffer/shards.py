@@ -16,6 +16,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rftflow.components.buffer.kill_point import kill_point
 from rftflow.components.buffer.store import ObjectStore
 
 COMMIT_DIR = "_commit"
@@ -72,6 +73,7 @@ def commit_shard(store: ObjectStore, prefix: str, data: bytes, rows: int, part: 
     """Put shard ``part``'s bytes (over an uncommitted leftover of a crash), then its marker
     (``rows``, bytes, sha256), put-if-absent; False when another writer's marker was there first."""
     store.put(shard_key(prefix, part), data)
+    kill_point("shard", shard_key(prefix, part))
     meta = {"rows": rows, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     return store.put(marker_key(prefix, part), json.dumps(meta).encode(), if_absent=True)
 
