@@ -11,16 +11,20 @@ Each execution is a fresh ``bwrap`` process (bubblewrap, the Debian package, as 
   ``/proc/<pid>/environ`` were the pid namespace ever shared;
 - a scrubbed environment (``--clearenv``: PATH, HOME and nothing of the caller's);
 - rlimits: CPU seconds, address space, file size and open files set by ``prlimit`` before bwrap
-  starts, processes by the interpreter inside the sandbox (``LAUNCHER``); a wall-clock timeout kills its whole session, and bubblewrap's
-  ``--die-with-parent`` and the pid namespace take every process it started with it.
+  starts, processes by the interpreter inside the sandbox (``LAUNCHER``); a wall-clock timeout
+  kills its whole session, and bubblewrap's ``--die-with-parent`` and the pid namespace take every
+  process it started with it;
+- no descriptor of the caller's but the ones it names (``Sandbox.start(..., fds=...)``: the
+  private pipes of ``relay.py``, which runs a program and its tests in two sandboxes).
 
 Python's interpreter runs isolated (``-I -S``: no user site, no site-packages, no PYTHON*
 variables). ``Sandbox.check()`` runs a trivial program and raises ``SandboxUnavailable`` (one line
 saying why) where bubblewrap is missing or cannot create its namespaces; ``kind="none"`` is the
 explicit opt-out (a bare subprocess with the same rlimits, which is not a sandbox).
 
-An ``Execution`` says what the program did (exit code, output, a timeout or a limit hit); a
-failure of the sandbox itself (bubblewrap could not set the sandbox up) raises
+``run`` runs a program to its end; ``start`` starts one, ``Running.finish`` waits for it and
+cleans up. An ``Execution`` says what the program did (exit code, output, a timeout or a limit
+hit); a failure of the sandbox itself (bubblewrap could not set the sandbox up) raises
 ``SandboxUnavailable``: the caller must not score it as the program's fault.
 """
 
@@ -36,19 +40,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 OUTPUT_BYTES = 64 * 1024  # of stdout and of stderr kept per execution
+T, R = TypeVar("T"), TypeVar("R")
 
 # The interpreter says it started (one byte on the descriptor it is given, which it then closes),
 # limits its processes, and runs main.py as __main__: a run without that byte failed before the
 # program could run, in the sandbox's set-up. The process limit is set here, inside the sandbox's
 # own user namespace, where it counts this execution's processes only; set before bubblewrap it
 # would count the sandbox user's processes everywhere (and stop bubblewrap's own forks).
+# The arguments after those two (the numbers of descriptors the caller passed) are main.py's.
 LAUNCHER = ("import os, resource, sys; fd, n = int(sys.argv[1]), int(sys.argv[2]); os.write(fd, b'+'); os.close(fd); "
-            "resource.setrlimit(resource.RLIMIT_NPROC, (n, n)); sys.argv = ['main.py']; "
+            "resource.setrlimit(resource.RLIMIT_NPROC, (n, n)); sys.argv = ['main.py', *sys.argv[3:]]; "
             "exec(compile(open('main.py').read(), 'main.py', 'exec'), {'__name__': '__main__'})")
 
 
@@ -95,7 +103,8 @@ class Execution:
                 name = signal.Signals(-self.returncode).name
             except ValueError:
                 name = f"signal {-self.returncode}"
-            limit = {"SIGXCPU": f" (CPU limit, {limits.cpu_seconds} s)", "SIGXFSZ": f" (file size limit, {limits.file_mb} MB)"}
+            limit = {"SIGXCPU": f" (CPU limit, {limits.cpu_seconds} s)",
+                     "SIGXFSZ": f" (file size limit, {limits.file_mb} MB)"}
             return f"killed by {name}{limit.get(name, '')}"
         last = [line for line in self.stderr.strip().splitlines() if line.strip()]
         return f"exit {self.returncode}: {last[-1][:200]}" if last else f"exit {self.returncode}"
@@ -165,14 +174,15 @@ class Sandbox:
                 raise SandboxUnavailable(f"the code sandbox needs `{tool}` (util-linux), which is not installed")
         run = self.run("print(6 * 7)")
         if not run.ok or run.stdout.strip() != "42":
-            raise SandboxUnavailable(f"the code sandbox does not run programs: {run.reason(self.limits) or run.stdout!r}")
+            raise SandboxUnavailable(f"the code sandbox does not run programs: "
+                                     f"{run.reason(self.limits) or run.stdout!r}")
 
-    def _command(self, work: Path, started_fd: int) -> list[str]:
+    def _command(self, work: Path, started_fd: int, fds: tuple[int, ...] = ()) -> list[str]:
         lim = self.limits
         tool = {name: path or name for name, path in self.tools.items()}  # a missing one fails at Popen
         prlimit = [tool["prlimit"], f"--cpu={lim.cpu_seconds}:{lim.cpu_seconds + 1}", f"--as={lim.memory_mb * 2**20}",
                    f"--fsize={lim.file_mb * 2**20}", f"--nofile={lim.open_files}", "--core=0", "--"]
-        python = [self.python, "-I", "-S", "-c", LAUNCHER, str(started_fd), str(lim.processes)]
+        python = [self.python, "-I", "-S", "-c", LAUNCHER, str(started_fd), str(lim.processes), *map(str, fds)]
         if self.user:
             prlimit = [tool["setpriv"], f"--reuid={self.user[0]}", f"--regid={self.user[1]}", "--clear-groups",
                        *prlimit]
@@ -190,6 +200,13 @@ class Sandbox:
     def run(self, program: str, stdin: str = "") -> Execution:
         """Run Python source ``program`` with ``stdin``; what it did (``SandboxUnavailable`` if the
         sandbox itself failed)."""
+        running = self.start(program, stdin)
+        return running.finish(running.began + self.limits.wall_seconds)
+
+    def start(self, program: str, stdin: str = "", fds: tuple[int, ...] = ()) -> Running:
+        """Start ``program`` as ``run`` does, without waiting for it: the caller's descriptors
+        ``fds`` stay open in it under the same numbers, which main.py reads from ``sys.argv[1:]``
+        (the caller closes its own copies). ``Running.finish`` ends it."""
         root = Path(tempfile.mkdtemp(prefix="rftflow-sandbox-", dir=_scratch_parent(self.user is not None)))
         try:
             work = root / "work"
@@ -199,41 +216,70 @@ class Sandbox:
                 os.chown(root, *self.user)
                 os.chown(work, *self.user)
                 os.chown(work / "main.py", *self.user)
-            return self._run(root, work, stdin)
-        finally:
+            (root / "stdin").write_text(stdin)
+            return self._start(root, work, fds)
+        except BaseException:
             shutil.rmtree(root, ignore_errors=True)
+            raise
 
-    def _run(self, root: Path, work: Path, stdin: str) -> Execution:
+    def _start(self, root: Path, work: Path, fds: tuple[int, ...]) -> Running:
         read_started, write_started = os.pipe()
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work)}
-        in_path, out_path, err_path = root / "stdin", root / "stdout", root / "stderr"
-        in_path.write_text(stdin)
         began = time.monotonic()
         try:
-            with open(in_path, "rb") as sin, open(out_path, "wb") as out, open(err_path, "wb") as err:
+            with open(root / "stdin", "rb") as sin, open(root / "stdout", "wb") as out, \
+                    open(root / "stderr", "wb") as err:
                 # the user is dropped by setpriv, not by Popen(user=...): that would make Python fork
                 # this whole process (vfork is not used with a uid change)
-                proc = subprocess.Popen(self._command(work, write_started), stdin=sin, stdout=out, stderr=err,
-                                        cwd=work, env=env, start_new_session=True, pass_fds=(write_started,))
+                proc = subprocess.Popen(self._command(work, write_started, fds), stdin=sin, stdout=out, stderr=err,
+                                        cwd=work, env=env, start_new_session=True, pass_fds=(write_started, *fds))
         except OSError as e:
             os.close(read_started)
             raise SandboxUnavailable(f"the code sandbox could not start: {e}") from None
         finally:
             os.close(write_started)
+        return Running(self, proc, root, read_started, began)
+
+
+class Running:
+    """One execution under way (``Sandbox.start``); ``finish`` waits for it and cleans up."""
+
+    def __init__(self, sandbox: Sandbox, proc: subprocess.Popen, root: Path, read_started: int, began: float):
+        self.sandbox, self.proc, self.root, self.began = sandbox, proc, root, began
+        self._read_started = read_started
+        self._result: Execution | SandboxUnavailable | None = None
+
+    def finish(self, deadline: float) -> Execution:
+        """What it did, once it exits or at ``deadline`` (``time.monotonic()``), when its session is
+        killed (``timed_out``); ``SandboxUnavailable`` if the sandbox never started the program.
+        The same answer on every call; its folder is gone after the first."""
+        if self._result is None:
+            try:
+                self._result = self._finish(deadline)
+            except SandboxUnavailable as e:
+                self._result = e
+            finally:
+                shutil.rmtree(self.root, ignore_errors=True)
+        if isinstance(self._result, SandboxUnavailable):
+            raise self._result
+        return self._result
+
+    def _finish(self, deadline: float) -> Execution:
+        proc, limits, kind = self.proc, self.sandbox.limits, self.sandbox.kind
         try:
-            timed_out = not _exited_within(proc, self.limits.wall_seconds)
+            timed_out = not _exited_within(proc, max(0.0, deadline - time.monotonic()))
         finally:
             _kill_session(proc)  # whatever it left behind (a daemonised child with kind none)
             proc.wait()
-            started = _read_all(read_started)
-        stdout, stderr = (_head(p) for p in (out_path, err_path))
+            started = _read_all(self._read_started)
+        stdout, stderr = (_head(self.root / name) for name in ("stdout", "stderr"))
         if not started and not timed_out:
             detail = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {proc.returncode}"
-            raise SandboxUnavailable(f"the code sandbox could not set up ({self.kind}): {detail}")
+            raise SandboxUnavailable(f"the code sandbox could not set up ({kind}): {detail}")
         returncode = proc.returncode
-        if self.kind == "bwrap" and returncode > 128:
+        if kind == "bwrap" and returncode > 128:
             returncode = 128 - returncode  # bwrap exits 128 + s for a program killed by signal s
-        return Execution(returncode, stdout, stderr, timed_out, time.monotonic() - began)
+        return Execution(returncode, stdout, stderr, timed_out, time.monotonic() - self.began)
 
 
 def _exited_within(proc: subprocess.Popen, seconds: float) -> bool:
@@ -288,14 +334,19 @@ class SandboxPool:
         """Each program's ``Execution``, in order; a program the sandbox failed to run gets its
         ``SandboxUnavailable`` instead (returned, not raised: the others' results stand)."""
         stdins = stdins or [""] * len(programs)
+        return self.each(lambda args: self.sandbox.run(*args), list(zip(programs, stdins)))
 
-        def one(args: tuple[str, str]) -> Execution | SandboxUnavailable:
+    def each(self, run: Callable[[T], R], items: list[T]) -> list[R | SandboxUnavailable]:
+        """``run(item)`` for each item on the pool's workers, in order; where the sandbox failed,
+        its ``SandboxUnavailable`` (returned, not raised)."""
+
+        def one(item: T) -> R | SandboxUnavailable:
             try:
-                return self.sandbox.run(*args)
+                return run(item)
             except SandboxUnavailable as e:
                 return e
 
-        return list(self._pool.map(one, zip(programs, stdins)))
+        return list(self._pool.map(one, items))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

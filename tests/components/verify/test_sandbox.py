@@ -1,5 +1,6 @@
 """The code reward's sandbox, as CI runs it (root): what a bad program does is contained and
-scores 0 with its reason; what fails in the sandbox itself is never scored."""
+scores 0 with its reason; what fails in the sandbox itself is never scored. (The attacks on the
+reward's verdict itself: test_code_attacks.py.)"""
 
 import os
 import shutil
@@ -34,16 +35,21 @@ def _score(reward, program: str, task: Task = ADD):
     return reward.score_many([program], [task])[0]
 
 
-def _processes() -> int:
-    """The host's processes of the sandbox's user (nobody: CI runs as root), wherever they run."""
-    count = 0
+def _descendants() -> int:
+    """This process's descendants, wherever they run (a sandbox's pid namespace included): only
+    what this test started counts, not the sandboxes of tests running beside it."""
+    parent = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/status") as f:
-                uid = next(line for line in f if line.startswith("Uid:")).split()[1]
-        except (OSError, StopIteration):
+            with open(f"/proc/{pid}/stat") as f:
+                parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        count += uid == "65534"
+    ours, count = os.getpid(), 0
+    for pid in parent:
+        while pid in parent and pid != ours:
+            pid = parent[pid]
+        count += pid == ours
     return count
 
 
@@ -54,30 +60,40 @@ def test_a_correct_program_scores_1_and_wrong_ones_0_with_their_reason(reward):
     assert wrong.value == 0.0 and wrong.reason == "exit 1: AssertionError"
     # leaving before the tests with exit status 0 does not pass them
     early = _score(reward, "    return 0\nimport os\nos._exit(0)\n")
-    assert early.value == 0.0 and early.reason == "the tests did not run to their end"
+    assert early.value == 0.0 and early.reason == "the program ended before its functions could be called: exit 0"
 
 
-def test_an_infinite_loop_and_unbounded_allocation_score_0_within_their_limits(reward):
-    began = time.monotonic()
-    loop = _score(reward, "    while True:\n        pass\nadd(1, 2)\n")
-    assert loop.value == 0.0 and "CPU limit" in loop.reason
-    assert time.monotonic() - began < SETTINGS.timeout_seconds + 5
-    sleeper = _score(reward, "    import time\n    time.sleep(60)\nadd(1, 2)\n")
-    assert sleeper.value == 0.0 and sleeper.reason == "timed out after 6 s"
+def test_an_infinite_loop_a_sleep_and_unbounded_allocation_score_0_by_the_limit_that_fired(reward):
+    """Each reason names the limit that ended the program; the CPU limit sits far inside the wall
+    limit, so a loaded machine (a CPU-second takes longer) still ends the loop by CPU, not by time."""
+    cpu_bound = CodeReward(SETTINGS.model_copy(update={"cpu_seconds": 1, "timeout_seconds": 120}))
+    wall_bound = CodeReward(SETTINGS.model_copy(update={"timeout_seconds": 2}))
+    try:
+        loop = _score(cpu_bound, "    while True:\n        pass\nadd(1, 2)\n")
+        sleeper = _score(wall_bound, "    import time\n    time.sleep(60)\nadd(1, 2)\n")
+    finally:
+        cpu_bound.close()
+        wall_bound.close()
+    assert loop.value == 0.0 and loop.reason == (
+        "the program ended before its functions could be called: killed by SIGXCPU (CPU limit, 1 s)")
+    assert sleeper.value == 0.0 and sleeper.reason == "timed out after 2 s"
     memory = _score(reward, "    return len(bytearray(4 * 2**30))\nadd(1, 2)\n")
-    assert memory.value == 0.0 and "MemoryError" in memory.reason
+    assert memory.value == 0.0 and memory.reason.endswith("exit 1: MemoryError")
 
 
 def test_a_fork_bomb_scores_0_and_leaves_no_process_behind(reward):
-    before = _processes()
-    assert os.geteuid() == 0 or pytest.skip("the sandbox runs as nobody only when started as root")
-    bomb = _score(reward, "    import os\n    while True:\n        try:\n            os.fork()\n"
-                          "        except OSError:\n            pass\nadd(1, 2)\n")
+    before = _descendants()
+    short = CodeReward(SETTINGS.model_copy(update={"timeout_seconds": 2}))
+    try:
+        bomb = _score(short, "    import os\n    while True:\n        try:\n            os.fork()\n"
+                             "        except OSError:\n            pass\nadd(1, 2)\n")
+    finally:
+        short.close()
     assert bomb.value == 0.0
     deadline = time.monotonic() + 10
-    while _processes() > before and time.monotonic() < deadline:  # the kernel tears the pid namespace down
+    while _descendants() > before and time.monotonic() < deadline:  # the kernel tears the pid namespace down
         time.sleep(0.1)
-    assert _processes() <= before
+    assert _descendants() <= before
     assert _score(reward, "    return a + b\n").value == 1.0  # and the next program runs
 
 
@@ -183,21 +199,28 @@ def test_bubblewrap_found_on_the_callers_path_outside_usr_bin_is_the_one_that_ru
         shutil.rmtree(folder)
 
 
-def test_humaneval_canonical_solutions_pass_and_a_stub_fails_on_the_pool():
+def test_humaneval_canonical_solutions_pass_and_their_wrong_variants_fail_on_the_pool():
+    """All 164 problems in two sandboxes each: the canonical solutions score 1, and a wrong variant
+    of each scores 0 (a body that returns None, or every other one the canonical result in a list)."""
     tasks, _ = validated_tasks(TasksetConfig(source="human_eval"), 0)
     assert len(tasks) == 164 and {t.metadata["domain"] for t in tasks} == {"code"}
     rewards = make_rewards(RewardConfig(function="math", domains={"code": "code"}), TasksetConfig(source="human_eval"))
+    wrong = ["    pass\n" if i % 2 == 0 else
+             f"{t.metadata['code_prompt']}{t.answer}\n_{t.metadata['entry_point']} = {t.metadata['entry_point']}\n"
+             f"def {t.metadata['entry_point']}(*args):\n    return [_{t.metadata['entry_point']}(*args)]\n"
+             for i, t in enumerate(tasks)]
     try:
-        sample = tasks[::8]
-        assert [s.value for s in rewards.score_many([t.answer for t in sample], sample)] == [1.0] * len(sample)
-        stubs = rewards.score_many(["    pass\n"] * len(sample), sample)
-        assert [s.value for s in stubs] == [0.0] * len(sample)
+        scores = rewards.score_many([t.answer for t in tasks] + wrong, tasks + tasks)
     finally:
         rewards.close()
+    canonical, variants = scores[:len(tasks)], scores[len(tasks):]
+    assert [(t.metadata["problem"], s) for t, s in zip(tasks, canonical) if s.value != 1.0] == []
+    assert [(t.metadata["problem"], s) for t, s in zip(tasks, variants) if s.value != 0.0] == []
 
 
 def test_the_program_is_the_last_fenced_block_or_the_prompt_plus_the_completion():
-    fenced = "First try:\n```python\ndef add(a, b):\n    return 0\n```\nBetter:\n```python\ndef add(a, b):\n    return a+b\n```"
+    fenced = ("First try:\n```python\ndef add(a, b):\n    return 0\n```\n"
+              "Better:\n```python\ndef add(a, b):\n    return a+b\n```")
     assert extract_program(fenced, ADD) == "def add(a, b):\n    return a+b\n"
     assert extract_program("    return a + b\n", ADD) == "def add(a, b):\n    return a + b\n"
     assert extract_program("print(1)", Task("x", "q", "p", "a", {})) == "print(1)"
