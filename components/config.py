@@ -110,8 +110,8 @@ RewardName = Literal["score_answer", "exact_match", "math_verify", "math", "code
 
 
 class CodeRewardConfig(_Section):
-    """The `code` reward: the response's program runs against the task's tests in a sandbox
-    (components.verify.sandbox), one process per execution, on a pool of workers."""
+    """The `code` reward: the response's program runs against the task's tests in sandboxes
+    (components.verify.code): the tests and the program each in its own, one process each, on a pool of workers."""
 
     sandbox: Literal["bwrap", "none"] = Field(
         "bwrap", description="`bwrap`: bubblewrap namespaces (pid, mount, network, user, …) as an unprivileged user; "
@@ -142,11 +142,14 @@ class JudgeRewardConfig(_Section):
     rubric: str = Field(
         "Grade the response to the question from 0 (wrong) to 10 (right).\nQuestion: {question}\n"
         "Reference answer: {answer}\nResponse: {response}\nGrade (a number from 0 to 10):",
-        description="The judge's prompt: a format string over `question`, `answer` (gold) and `response`; the last "
-        "integer of its reply is the score.")
+        description="The judge's prompt: a format string over `question`, `answer` (gold) and `response` (put between "
+        "delimiters of a nonce drawn per request, which the prompt tells the judge to treat as data). The reply is read "
+        "by a grammar: `n/M` or `n out of M` (M: max_score), `Score: n`, or a lone integer; two different scores, or "
+        "none, quarantine the row.")
     max_score: int = Field(10, gt=0, description="The rubric's top score; the reward is score / max_score.")
-    guided: bool = Field(False, description="Ask the server to constrain the reply to a score (vLLM's "
-                         "`structured_outputs` regex).")
+    guided: bool = Field(False, description="Ask the server to produce exactly the JSON object `{\"score\": n}` "
+                         "(vLLM's `structured_outputs` regex), and read the reply as that object; max_tokens must "
+                         "hold it.")
     max_tokens: int = Field(16, gt=0, description="The judge's longest reply, in tokens.")
     timeout_seconds: float = Field(30.0, gt=0, description="One request's timeout.")
     retries: int = Field(3, ge=0, description="Tries after the first, with back-off, before the rows are quarantined.")

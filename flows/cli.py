@@ -576,6 +576,29 @@ def ingest_expert(file: FileArg, config: ConfigArg = None, run_dir: RunDirOpt = 
     _ingest("expert", file, config, run_dir, overrides, report)
 
 
+judge_app = typer.Typer(no_args_is_help=True, help="The judge reward: how far it can be trusted.")
+app.add_typer(judge_app, name="judge")
+
+
+@judge_app.command("check")
+def judge_check(labels: Annotated[Path, typer.Argument(help="A JSONL file: question, response, score (the label), "
+                                                             "optional answer, one response a line.")],
+                config: ConfigArg = None, overrides: SetOpt = []) -> None:  # noqa: B006
+    """Score labelled responses with the config's judge (reward.judge) and print its agreement with
+    the labels: exact, within 1, Spearman's rank correlation."""
+    from rftflow.components.verify.judge_check import check_judge
+
+    settings = _load_config(config, overrides).reward.judge
+    try:
+        result = check_judge(settings, labels)
+    except ValueError as e:  # a bad labels file, or no judge configured: names the file and line, or the key
+        _fail(str(e).splitlines()[0])
+    print(f"judge {settings.model} at {settings.base_url}, scores 0 to {settings.max_score}")
+    print("\n".join(result.lines()))
+    if not result.read:
+        _fail(f"the judge scored none of the {result.rows} responses", EXIT_FAILED)
+
+
 def main() -> None:
     """The ``rftflow`` command, with Python's cyclic garbage collector off while it imports its
     libraries and their ~1M objects frozen (``gc.freeze``) once loaded and at exit. Each full

@@ -1,30 +1,31 @@
 """The `judge` reward: an LLM behind any OpenAI-compatible endpoint grades each response by a rubric.
 
 The rubric (``reward.judge.rubric``) is a format string over ``question``, ``answer`` (the gold
-answer, possibly empty) and ``response``; the judge's reply is read for its last integer, which
-must lie in [0, ``max_score``]; the reward is that score / ``max_score``. With ``guided`` the
-request asks the server to constrain the reply to the score (vLLM's ``structured_outputs``
-regex), so that even a small judge answers in the format.
+answer, possibly empty) and ``response``; the response goes in between per-request nonce
+delimiters the prompt tells the judge to treat as data, and the judge's reply is read by a stated
+grammar (``judge_reply``: ``n/10``, ``n out of 10``, ``Score: n``, a lone integer; with ``guided``
+the JSON object ``{"score": n}``, which the request asks the server to produce through vLLM's
+``structured_outputs`` regex, so that even a small judge answers in the format). The reward is
+the score / ``max_score``.
 
 Each request has a timeout and is retried with exponential back-off; a judge that stays down, keeps
-timing out, or answers without a score is an infrastructure failure (``Score(None, reason)``): the
-row is quarantined, never scored 0 or 1. Results are cached by (prompt, response). The API key is
-read from the environment variable ``api_key_env`` and sent only as the request's bearer token: it
-is never logged or stored (``reward.judge`` holds the variable's name, not the key).
+timing out, or answers with no score, a score out of range or two different scores is an
+infrastructure failure (``Score(None, reason)``): the row is quarantined, never scored 0 or 1.
+Results are cached by (prompt, response). The API key is read from the environment variable
+``api_key_env`` and sent only as the request's bearer token: it is never logged or stored
+(``reward.judge`` holds the variable's name, not the key).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from rftflow.components.data.tasksets import Task
+from rftflow.components.verify.judge_reply import Unreadable, guided_regex, judge_prompt, new_nonce, read_score
 from rftflow.components.verify.scores import Score
-
-_INTEGER = re.compile(r"-?\d+")
 
 
 class JudgeReward:
@@ -51,7 +52,7 @@ class JudgeReward:
 
     def _request(self, prompt: str) -> str:
         s = self.settings
-        guided = {"structured_outputs": {"regex": rf"[0-9]{{1,{len(str(s.max_score))}}}"}} if s.guided else {}
+        guided = {"structured_outputs": {"regex": guided_regex(s.max_score)}} if s.guided else {}
         if s.endpoint == "chat":
             body = {"model": s.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
                     "max_tokens": s.max_tokens, **guided}
@@ -73,10 +74,10 @@ class JudgeReward:
                 if attempt < s.retries:
                     time.sleep(min(8.0, s.backoff_seconds * 2 ** attempt))
                 continue
-            numbers = [int(n) for n in _INTEGER.findall(text)]
-            if numbers and 0 <= numbers[-1] <= s.max_score:
-                return Score(numbers[-1] / s.max_score)
-            return Score(None, f"judge {s.model} answered without a score in [0, {s.max_score}]: {text.strip()[:80]!r}")
+            try:
+                return Score(read_score(text, s.max_score, s.guided) / s.max_score)
+            except Unreadable as e:
+                return Score(None, f"judge {s.model}'s reply is unreadable ({e}): {text.strip()[:80]!r}")
         return Score(None, f"judge {s.base_url} unavailable after {s.retries + 1} tries ({last})")
 
     def _one(self, response: str, task: Task) -> Score:
@@ -84,7 +85,7 @@ class JudgeReward:
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-        prompt = self.settings.rubric.format(question=task.question, answer=task.answer, response=response)
+        prompt = judge_prompt(self.settings.rubric, task.question, task.answer, response, new_nonce())
         score = self._grade(prompt)
         if score.value is not None:  # a failure is not remembered: the next round asks again
             with self._lock:

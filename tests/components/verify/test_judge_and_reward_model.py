@@ -1,13 +1,13 @@
 """The judge reward against a real OpenAI-compatible server (vLLM's CPU build serving builtin:tiny,
-its replies constrained to a score), and when its endpoint is down, hangs or answers without a
-score (never a 0 or a 1); the reward-model reward with a real transformers model built here."""
+its replies constrained to the JSON object of a score), and when its endpoint is down, hangs or
+answers without a score (never a 0 or a 1); the reward-model reward with a real transformers
+model built here. (The judge's reply grammar and prompt: test_judge_reply.py.)"""
 
 from __future__ import annotations
 
 import copy
-import http.server
+import math
 import socket
-import threading
 
 import pytest
 import torch
@@ -39,12 +39,12 @@ def test_a_guided_judge_on_a_real_server_grades_every_response_and_caches(server
     monkeypatch.setenv("RFTFLOW_JUDGE_API_KEY", SECRET)
     rewards = make_rewards(RewardConfig(function="judge", judge=JudgeRewardConfig(
         base_url=server, model="judge", endpoint="completions", rubric=RUBRIC, max_score=9, guided=True,
-        max_tokens=1)), TasksetConfig())
+        max_tokens=16)), TasksetConfig())
     judge = rewards.by_name["judge"]
     try:
         responses = [t.answer if i % 2 else "7" for i, t in enumerate(TASKS)]
         scores = rewards.score_many(responses, TASKS)
-        assert all(s.value is not None and 0 <= s.value <= 1 and s.value * 9 == round(s.value * 9) for s in scores)
+        assert all(s.value is not None and 0 <= s.value <= 1 and s.value * 9 == round(s.value * 9) for s in scores), scores
         assert len(judge._cache) == len(TASKS)
         assert rewards.score_many(responses, TASKS) == scores  # from the cache (the judge decodes greedily too)
     finally:
@@ -78,43 +78,6 @@ def test_a_dead_or_hanging_judge_quarantines_and_its_key_stays_secret(monkeypatc
     assert all(SECRET not in (s.reason or "") for s in scores) and SECRET not in repr(hung.settings)
 
 
-class _Reply(http.server.BaseHTTPRequestHandler):
-    """An OpenAI-compatible endpoint that answers every chat request with the text it is given."""
-
-    text = ""
-    seen: list[str] = []
-
-    def do_POST(self):  # noqa: N802 — http.server's name
-        self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).seen.append(self.headers.get("Authorization", ""))
-        body = ('{"choices": [{"message": {"content": %s}}]}' % __import__("json").dumps(self.text)).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.mark.parametrize("text, value", [("Grade: 8", 0.8), ("a fine answer", None), ("Grade: 11", None)])
-def test_the_judges_reply_is_read_for_its_last_score_or_quarantined(text, value, monkeypatch):
-    monkeypatch.setenv("RFTFLOW_JUDGE_API_KEY", SECRET)
-    _Reply.text, _Reply.seen = text, []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Reply)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    judge = JudgeReward(JudgeRewardConfig(base_url=f"http://127.0.0.1:{httpd.server_address[1]}", model="m"))
-    try:
-        score = judge.score_many(["4"], TASKS[1:2])[0]
-    finally:
-        judge.close()
-        httpd.shutdown()
-    assert score.value == value and _Reply.seen == [f"Bearer {SECRET}"]
-    if value is None:
-        assert score.reason.startswith("judge m answered without a score in [0, 10]: ")
-
-
 def test_a_reward_model_scores_pairs_and_one_that_cannot_load_scores_nothing(tmp_path, tiny):
     from transformers import AutoModelForSequenceClassification
 
@@ -129,7 +92,14 @@ def test_a_reward_model_scores_pairs_and_one_that_cannot_load_scores_nothing(tmp
     responses = [t.answer for t in TASKS] + ["nonsense"] * len(TASKS)
     scores = rewards.score_many(responses, TASKS + TASKS)
     values = [s.value for s in scores]
-    assert all(0 < v < 1 for v in values) and len(set(values)) > 1
+    # what the classifier gives each pair on its own (no batch, no padding), through its logit
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm").eval()
+    expected = []
+    for task, response in zip(TASKS + TASKS, responses):
+        with torch.no_grad():
+            logit = classifier(**tokenizer(task.prompt, response, return_tensors="pt")).logits[0, 0].item()
+        expected.append(1 / (1 + math.exp(-logit)))
+    assert values == pytest.approx(expected, abs=1e-5) and len(set(values)) > 1
     assert [s.value for s in rewards.score_many(responses[:3], TASKS[:3])] == pytest.approx(values[:3], abs=1e-6)
     broken = RewardModelReward(RewardModelConfig(path=str(tmp_path / "missing")))
     failed = broken.score_many(["2", "4"], TASKS[:2])
