@@ -298,7 +298,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
     try:
         checked = preflight(config, _filled(run_dir), overrides, restart=restart)
         settings = orchestration_of(checked.cfg)
-    except ConfigError as e:
+    except (ConfigError, StoreUnavailable) as e:
         return Failed(message=str(e), data=e)
     if checked.cfg.mode == "bench":
         state = stages.bench(checked, return_state=True)
@@ -315,7 +315,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
     with stop_on_signals(stop), stop_on_cancel(stop, flow_run_id):
         try:  # refused while another attempt holds the campaign; fails when no checkpoint is whole
             run = CampaignRun(checked, flow_run_id=flow_run_id, flow_run_url=_flow_run_url(), stop=stop)
-        except (ConfigError, NoUsableCheckpoint) as e:
+        except (ConfigError, NoUsableCheckpoint, StoreUnavailable) as e:
             return Failed(message=str(e), data=e)
         _mark_crashed(run)
         monitor = UIMonitor(run, flow_run_id)

@@ -71,6 +71,7 @@ def _exit_on(state) -> None:
 def _preflight(config, run_dir: Path | None, overrides: list[str], restart: bool = False):
     """The validation gate (``components.preflight``) on a config file (None: the default) or a
     loaded config; its one-line error ends the command."""
+    from rftflow.components.buffer.store import StoreUnavailable
     from rftflow.components.config import ConfigError
     from rftflow.components.campaign.preflight import preflight
 
@@ -91,6 +92,8 @@ def _load_config(config: Path | None, overrides: list[str]):
         return loaded
     except ConfigError as e:
         _fail(str(e))
+    except StoreUnavailable as e:  # the store down past its outage budget: a failure, not bad input
+        _fail(str(e), EXIT_FAILED)
 
 
 @app.command()
@@ -521,7 +524,7 @@ ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write the o
 def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, overrides: list[str],
             report: Path | None) -> None:
     from rftflow.components.buffer.experiences import ExperienceStore, store_ingested
-    from rftflow.components.buffer.layout import open_run_store
+    from rftflow.components.buffer.layout import open_run_store, record_run_store
     from rftflow.components.data.contracts import ContractError
     from rftflow.components.data.ingest import validate_file
     from rftflow.components.data.tasksets import TasksetError
@@ -530,22 +533,27 @@ def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, ov
     _collector_on()
     checked = _preflight(config, run_dir, overrides)
     cfg = checked.cfg
-    store = ExperienceStore(open_run_store(cfg.storage, checked.run_dir), cfg.name)
     _, tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download)
     try:
         result = validate_file(file, kind, cfg.name, tokenizer, cfg.contracts, chat_template=cfg.model.chat_template)
     except TasksetError as e:
         _fail(str(e))
     outcome = result.report()
-    try:
-        outcome |= store_ingested(result, store, cfg.contracts.max_bad_fraction)
+    store = None
+    try:  # the store is opened (and the run dir's store.json written) only for a file that passes
+        result.enforce(cfg.contracts.max_bad_fraction)
+        with _store_errors():
+            store = ExperienceStore(open_run_store(cfg.storage, checked.run_dir, record=False), cfg.name)
+            outcome |= store_ingested(result, store, cfg.contracts.max_bad_fraction)
+        record_run_store(cfg.storage, checked.run_dir, store.objects)
         outcome["stored"] = True
     except ContractError as e:
         outcome["stored"], outcome["error"] = False, str(e)
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(outcome, indent=2) + "\n")
-    table = Table(title=f"{kind} {file} → campaign {cfg.name} ({store.url})", show_header=False)
+    where = store.url if store is not None else checked.store_url
+    table = Table(title=f"{kind} {file} → campaign {cfg.name} ({where})", show_header=False)
     for key in ("rows", "accepted", "quarantined"):
         table.add_row(key, str(outcome[key]))
     for source, n in outcome["by_source"].items():
@@ -557,7 +565,7 @@ def _ingest(kind: str, file: Path, config: Path | None, run_dir: Path | None, ov
         table.add_row("already present", str(outcome["already_present"]))
     Console().print(table)
     if not outcome["stored"]:
-        _fail(outcome["error"])
+        _fail(outcome["error"], EXIT_FAILED)  # bad data past its threshold
     if not outcome["new"] and outcome["accepted"]:
         Console().print(f"every accepted row was stored before: nothing new stored")
 

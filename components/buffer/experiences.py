@@ -19,7 +19,6 @@ from rftflow.components.buffer.shards import (ShardError, commit_shard, committe
 from rftflow.components.buffer.layout import KINDS, campaigns_in, ingest_dir, recorded_store, round_dir, shard_order
 from rftflow.components.buffer.store import ObjectStore, open_store
 from rftflow.components.buffer.write_behind import OrderedStore, WriteBehind
-from rftflow.components.data.contracts import Verdict, enforce
 from rftflow.components.data.experience import SCHEMA, conform
 from rftflow.components.data.ingest import IngestResult
 
@@ -284,8 +283,7 @@ def store_ingested(result: IngestResult, store: ExperienceStore, max_bad_fractio
     its rows are bad (``ContractError``, nothing stored). Returns ``{"new": n, "already_present":
     m}``. The report, with those counts, goes to ``state/ingest-<id>.json``, where the campaign's
     validation report reads it."""
-    enforce(Verdict(result.accepted, result.quarantined), max_bad_fraction, f"file {result.file}",
-            label=lambda row: f"{result.file}:{json.loads(row['info'])['row']}")
+    result.enforce(max_bad_fraction)
     stored = {*store.read_expert().column("experience_id").to_pylist(),
               *store.read_human().column("experience_id").to_pylist()}
     keep = []

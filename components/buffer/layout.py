@@ -55,7 +55,9 @@ KINDS = {"usual": ("experiences", "usual"), "expert": ("experiences", "expert"),
 STORE_FILE = "store.json"
 CHECKPOINT_MANIFEST = "checkpoint.json"  # a checkpoint's commit marker, written last
 WEIGHTS_MANIFEST = "weights.json"  # a published weight version's commit marker, written last
-_WHERE = ("endpoint_url", "region", "addressing_style")  # how to reach the store; never credentials
+# how to reach the store (and how long to wait for it), never credentials: what `rftflow status RUN_DIR` and
+# `rftflow buffer RUN_DIR` open it with
+_WHERE = ("endpoint_url", "region", "addressing_style", "outage_seconds")
 _ROUND = re.compile(r"/round=(\d+)/")
 
 
@@ -64,18 +66,26 @@ def run_store_url(storage, run_dir: str | Path) -> str:
     return storage.url or (Path(run_dir).resolve() / "store").as_uri()
 
 
-def open_run_store(storage, run_dir: str | Path) -> ObjectStore:
+def open_run_store(storage, run_dir: str | Path, *, record: bool = True) -> ObjectStore:
     """The store of a run (``storage``: a ``StorageConfig``; default ``file://<run_dir>/store``),
-    recorded in ``<run_dir>/store.json`` (URL, endpoint, region, addressing style) so that
-    ``rftflow buffer RUN_DIR`` finds it, even after a crash."""
-    run_dir = Path(run_dir)
+    recorded in ``<run_dir>/store.json`` (``record_run_store``) so that ``rftflow buffer RUN_DIR``
+    finds it, even after a crash; ``record=False`` leaves that to the caller, once its work is done
+    (a command that fails leaves the run dir's files as they were)."""
     url = run_store_url(storage, run_dir)
-    options = store_options(storage) if url.startswith("s3://") else {}
-    store = open_store(url, **options)
+    store = open_store(url, **(store_options(storage) if url.startswith("s3://") else {}))
+    if record:
+        record_run_store(storage, run_dir, store)
+    return store
+
+
+def record_run_store(storage, run_dir: str | Path, store: ObjectStore) -> None:
+    """``<run_dir>/store.json``: where ``store`` is (URL, endpoint, region, addressing style, outage
+    budget; never credentials)."""
+    run_dir = Path(run_dir)
+    options = store_options(storage) if store.url.startswith("s3://") else {}
     run_dir.mkdir(parents=True, exist_ok=True)
     where = {"url": store.url, **{k: options[k] for k in _WHERE if options.get(k)}}
     (run_dir / STORE_FILE).write_text(json.dumps(where, indent=2) + "\n")
-    return store
 
 
 def recorded_store(run_dir: str | Path) -> tuple[str, dict[str, Any]]:

@@ -13,8 +13,15 @@ loaded, with one ``ConfigError`` line naming the culprit:
 - the pipelines: an unknown operator or option, an option value of the wrong type;
 - the taskset: a missing or unreadable task file, too many bad rows, an unknown reasoning-gym
   dataset or parameter, a prompt template that names a missing field;
+- sizes that cannot fit (``sizes.check_sizes``): a response past the model's positions, a batch
+  whose attention keys, values and logits exceed the memory available;
 - the campaign already in the run dir's store: started with another config (the line lists the
-  keys that differ; ``restart`` moves it aside instead), or running right now in another process.
+  keys that differ; ``restart`` moves it aside instead), or running right now in another process;
+  or missing from the store while the run dir's tracking store holds attempts of it (an emptied
+  bucket, a wrong prefix: ``restart`` starts it anew).
+
+A store down past ``storage.outage_seconds`` raises ``StoreUnavailable`` (a failure, not bad input).
+
 
 A finished campaign passes: ``Preflight.previous`` tells callers, who then have nothing to do.
 """
@@ -31,8 +38,10 @@ from urllib.parse import urlsplit
 
 from rftflow.components.algorithms import Algorithm
 from rftflow.components.buffer.layout import run_store_url
-from rftflow.components.campaign.state import AlreadyRunning, CampaignState, StateStore, config_changes, running_line, state_role
-from rftflow.components.buffer.store import open_store, parse_store_url, store_options
+from rftflow.components.campaign.state import (AlreadyRunning, CampaignState, StateStore, config_changes, running_line,
+                                               state_role, tracked_attempts)
+from rftflow.components.buffer.store import StoreUnavailable, open_store, parse_store_url, store_options
+from rftflow.components.campaign.sizes import check_sizes
 from rftflow.components.secrets import redact_url
 from rftflow.components.config import CampaignConfig, ConfigError, load_config
 from rftflow.components.data.pipelines import check_pipeline
@@ -106,9 +115,10 @@ def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = N
                 check_taskset(taskset, cfg.contracts)  # it reads the task file or generates a task
             except ValueError as e:
                 raise ValueError(f"mixture part {part}: {e}" if part else str(e)) from None
+        check_sizes(cfg)  # a response past the model's positions, a batch past the memory
         check_rewards(cfg.reward, tuple(p.reward for p in cfg.mixture if p.reward))  # the code sandbox runs here
         previous = None if restart else _previous_state(cfg, out)
-    except ConfigError:
+    except (ConfigError, StoreUnavailable):  # the store down past its outage budget is no bad input
         raise
     except (ValueError, OSError) as e:  # each names its key, file or URL
         raise ConfigError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
@@ -122,17 +132,20 @@ def _previous_state(cfg: CampaignConfig, run_dir: Path) -> CampaignState | None:
     scheme, location, _ = parse_store_url(url)
     if cfg.mode == "bench":
         return None  # a bench run keeps no campaign state
+    role = state_role(cfg, run_dir)
     if scheme == "file" and not (Path(location) / cfg.name / "state").is_dir():
+        _check_state_not_lost(cfg, run_dir, f"{url}/{cfg.name}/state/{role}/")
         return None  # (opening a FileStore would create its directory)
     try:
         store = open_store(url, **(store_options(cfg.storage) if scheme == "s3" else {}))
-        previous = StateStore(store, cfg.name, state_role(cfg, run_dir)).read()
+        previous = StateStore(store, cfg.name, role).read()
     except Exception as e:  # noqa: BLE001 — botocore's errors (no such bucket, access denied) in one line
-        if isinstance(e, (ValueError, ConfigError)):
+        if isinstance(e, (ValueError, ConfigError, StoreUnavailable)):
             raise
         raise ValueError(f"storage.url {redact_url(url)}: cannot read campaign {cfg.name!r}: "
                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     if previous is None:
+        _check_state_not_lost(cfg, run_dir, f"{redact_url(url)}/{cfg.name}/state/{role}/")
         return None
     changes = config_changes(previous.config, cfg.model_dump(mode="json"))
     if changes:
@@ -141,6 +154,25 @@ def _previous_state(cfg: CampaignConfig, run_dir: Path) -> CampaignState | None:
     if previous.alive_elsewhere():
         raise AlreadyRunning(running_line(previous))
     return previous
+
+
+def _check_state_not_lost(cfg: CampaignConfig, run_dir: Path, expected: str) -> None:
+    """``ValueError`` when the campaign has no state in its store although its tracking store holds
+    attempts of it from this run dir (an emptied bucket, a wrong ``storage.url`` or prefix, an S3
+    server restarted without its data): it would start anew in silence. ``--restart`` starts it anew."""
+    uri = configured_tracking_uri(cfg) or f"sqlite:///{run_dir / 'mlflow.db'}"
+    runs = tracked_attempts(uri, cfg.tracking.experiment, run_name(cfg, run_dir))
+    if runs:
+        raise ValueError(f"run dir {run_dir} ran campaign {cfg.name!r} before (MLflow run {runs[-1]} in "
+                         f"{redact_url(uri)}), but its state is missing from its store: expected under {expected}; "
+                         "point storage.url at the store that holds it, or start over with --restart")
+
+
+def run_name(cfg: CampaignConfig, run_dir: str | Path) -> str:
+    """The MLflow run name of the campaign's attempts in ``run_dir``: its label (``campaign_label``),
+    with ``-explorer`` for an explorer process of its own."""
+    label = campaign_label(cfg.name, run_dir)
+    return f"{label}-explorer" if cfg.mode == "explore" else label
 
 
 def _check_run_dir(run_dir: Path) -> None:

@@ -36,7 +36,7 @@ from rftflow.components.campaign.state import StateStore, claim, now, state_role
 from rftflow.components.campaign.schedule import Phase, Planned, Step, phases, round_stages
 from rftflow.components.campaign.stages import Campaign, StopFlag
 from rftflow.components.data.report import validation_report
-from rftflow.components.campaign.preflight import Preflight
+from rftflow.components.campaign.preflight import Preflight, run_name
 from rftflow.components.explore.engines import weights_digest
 from rftflow.components.explore.models import load_model
 from rftflow.components.train import adapters
@@ -76,8 +76,7 @@ class CampaignRun:
         self.state, self.killed = claim(self.states, cfg.name, cfg.model_dump(mode="json"), flow_run_id)
         try:
             self.campaign = Campaign(checked, store=store, stop=stop)  # loads the models
-            run_name = checked.label if self.campaign.has_trainer else f"{checked.label}-explorer"
-            self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, run_name,
+            self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, run_name(cfg, out),
                                    artifact_root=out / "mlartifacts", run_id=self.state.mlflow_run_id,
                                    tags={"campaign": cfg.name, "rftflow.mode": cfg.mode, "rftflow.version": __version__,
                                          "prefect.flow_run_id": flow_run_id or "",
@@ -453,8 +452,9 @@ def move_aside(checked: Preflight) -> str:
     """Before a restart: the campaign's objects moved to ``<campaign>.moved-<UTC time>/`` in its
     store, and its files in the run dir (summary, final model, validation report) to
     ``<run dir>/moved-<UTC time>/``. Nothing is deleted; the MLflow run stays where it is, tagged
-    ``rftflow.moved_aside`` (and ended KILLED if it was left RUNNING). Returns what moved."""
-    from rftflow.components.campaign.state import StateStore
+    ``rftflow.moved_aside`` (and ended KILLED if it was left RUNNING; with the campaign's state lost
+    from its store, every run of it from this run dir). Returns what moved."""
+    from rftflow.components.campaign.state import StateStore, tracked_attempts
     from rftflow.components.buffer.store import open_store, parse_store_url, store_options
 
     cfg, run_dir = checked.cfg, checked.run_dir
@@ -482,11 +482,15 @@ def move_aside(checked: Preflight) -> str:
         moved.append(f"{run_dir}/{{summary.json, model, validation}} → {stamp}/")
     if previous is None and scheme == "file" and (Path(location) / f"{cfg.name}.{stamp}").is_dir():
         previous = StateStore(open_store(checked.store_url), f"{cfg.name}.{stamp}").read()
-    if previous is not None and previous.mlflow_run_id:
+    # its MLflow run; with its state lost from the store, every run of it this run dir's tracking store holds
+    runs = ([previous.mlflow_run_id] if previous.mlflow_run_id else []) if previous is not None else \
+        tracked_attempts(checked.tracking_uri, cfg.tracking.experiment, run_name(cfg, run_dir))
+    if runs:
         from mlflow import MlflowClient
 
         client = MlflowClient(checked.tracking_uri)
-        client.set_tag(previous.mlflow_run_id, "rftflow.moved_aside", stamp)
-        if client.get_run(previous.mlflow_run_id).info.status == "RUNNING":
-            client.set_terminated(previous.mlflow_run_id, status="KILLED")
+        for run_id in runs:
+            client.set_tag(run_id, "rftflow.moved_aside", stamp)
+            if client.get_run(run_id).info.status == "RUNNING":
+                client.set_terminated(run_id, status="KILLED")
     return "; ".join(moved) or "nothing to move"

@@ -213,6 +213,29 @@ def claim(states: StateStore, campaign: str, config: dict[str, Any], flow_run_id
     return state, killed
 
 
+def tracked_attempts(tracking_uri: str, experiment: str, run_name: str) -> list[str]:
+    """The MLflow runs named ``run_name`` in ``experiment`` that no restart moved aside (tag
+    ``rftflow.moved_aside``), oldest first: the attempts a tracking store remembers of a campaign in
+    one run dir. A run dir's own SQLite store that does not exist remembers none (nothing is made)."""
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        return []
+    from mlflow import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri)
+        experiment_found = client.get_experiment_by_name(experiment)
+        if experiment_found is None:
+            return []
+        runs = client.search_runs([experiment_found.experiment_id], f"attributes.run_name = '{run_name}'",
+                                  order_by=["attributes.start_time ASC"])
+    except Exception as e:  # noqa: BLE001 — MLflow's errors, in one line naming the store
+        from rftflow.components.secrets import redact_url
+
+        raise ValueError(f"tracking store {redact_url(tracking_uri)}: cannot read its runs: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    return [r.info.run_id for r in runs if "rftflow.moved_aside" not in r.data.tags]
+
+
 def explorer_roles(store: ObjectStore, campaign: str) -> list[str]:
     """The roles of the explorer processes that kept state in ``campaign``: ``explorer`` (one) or
     ``explorer-<hash>`` each (several, ``explorer.shards`` > 1)."""

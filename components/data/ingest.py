@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rftflow.components.config import ContractsConfig
-from rftflow.components.data.contracts import ContractBounds, check_experiences
+from rftflow.components.data.contracts import ContractBounds, Verdict, check_experiences, enforce
 from rftflow.components.data.experience import SCHEMA, experience_id, make_experience, to_table
 from rftflow.components.data.tasksets import read_rows, task_id
 from rftflow.components.data.prompts import encode_prompt
@@ -53,6 +53,12 @@ class IngestResult:
                 "rows": self.accepted.num_rows + self.quarantined.num_rows, "accepted": self.accepted.num_rows,
                 "quarantined": self.quarantined.num_rows, "reasons": dict(reasons.most_common()),
                 "by_source": dict(Counter(self.accepted.column("source").to_pylist()))}
+
+    def enforce(self, max_bad_fraction: float) -> None:
+        """``ContractError`` when more than ``max_bad_fraction`` of the file's rows are bad (the file
+        is then stored nothing of), naming its first bad rows by ``file:row``."""
+        enforce(Verdict(self.accepted, self.quarantined), max_bad_fraction, f"file {self.file}",
+                label=lambda row: f"{self.file}:{json.loads(row['info'])['row']}")
 
 
 def _string(row: dict, key: str, required: bool = True) -> str | None:
