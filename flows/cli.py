@@ -79,6 +79,8 @@ def _preflight(config, run_dir: Path | None, overrides: list[str], restart: bool
         return preflight(config or DEFAULT_CONFIG, run_dir, overrides, restart=restart)
     except ConfigError as e:
         _fail(str(e))
+    except StoreUnavailable as e:  # the store down past its outage budget: a failure, not bad input
+        _fail(str(e), EXIT_FAILED)
 
 
 def _load_config(config: Path | None, overrides: list[str]):
@@ -92,8 +94,6 @@ def _load_config(config: Path | None, overrides: list[str]):
         return loaded
     except ConfigError as e:
         _fail(str(e))
-    except StoreUnavailable as e:  # the store down past its outage budget: a failure, not bad input
-        _fail(str(e), EXIT_FAILED)
 
 
 @app.command()
