@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -115,11 +115,20 @@ def summary_line(checked: Preflight) -> str:
             + "): nothing to do; --restart runs it again")
 
 
+# What a second SIGINT or SIGTERM does while the campaign stops: a command sets it (``rftflow run``:
+# its one line, exit 130 at once); None, as from Python, raises ``KeyboardInterrupt``.
+AT_ONCE: Callable[[int], None] | None = None
+
+
 @contextmanager
 def stop_on_signals(stop: StopFlag) -> Iterator[None]:
-    """SIGINT and SIGTERM ask the campaign to stop at its next safe point (a second one stops at once)."""
+    """SIGINT and SIGTERM ask the campaign to stop at its next safe point; a second one stops at once
+    (``AT_ONCE``). With ``AT_ONCE`` set, a stopping campaign leaves its handlers in place, so a
+    signal during the rest of the shutdown stops at once too."""
     def request(signum, _frame) -> None:
         if stop.reason:
+            if AT_ONCE is not None:
+                AT_ONCE(signum)
             raise KeyboardInterrupt
         stop.reason = signal.Signals(signum).name
 
@@ -131,8 +140,9 @@ def stop_on_signals(stop: StopFlag) -> Iterator[None]:
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        if not (stop.reason and AT_ONCE is not None):
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 @contextmanager

@@ -36,8 +36,51 @@ def _fail(message: str, code: int = EXIT_REFUSED) -> None:
 
 
 def _stopped(message: str) -> None:
-    err.print(f"[yellow]stopped:[/yellow] {message.removeprefix('stopped: ')}", highlight=False, soft_wrap=True)
+    _say_stopped(message)
     raise typer.Exit(EXIT_STOPPED)
+
+
+_stop_said = False  # the command's one "stopped:" line is out
+
+
+def _say_stopped(message: str) -> None:
+    """The command's one "stopped:" line (none after the first)."""
+    global _stop_said
+    if not _stop_said:
+        _stop_said = True
+        err.print(f"[yellow]stopped:[/yellow] {message.removeprefix('stopped: ')}", highlight=False, soft_wrap=True)
+
+
+class _StopAtOnce:
+    """SIGINT and SIGTERM where they cannot wait for a safe point: any command's, and ``rftflow
+    run``'s before the campaign takes them over (start-up), after it has (its shutdown), and a
+    second one while it stops (``flows.campaign.AT_ONCE``). One "stopped:" line (none if the
+    stop's line is out) and exit 130 now, skipping the interpreter's teardown, where a
+    ``KeyboardInterrupt`` would end in a traceback from whichever thread or library it lands in
+    (and click would make it "Aborted!", exit 1). What a campaign stored is what a killed attempt
+    leaves: committed shards, checkpoints and state, each whole (written atomically, committed
+    last), which the same command resumes from its newest checkpoint; its child processes end with
+    it (the embedded Prefect server and the code sandboxes are told to by the kernel)."""
+
+    def __init__(self, name: str, resume: str = "") -> None:
+        self.name, self.resume = name, resume
+
+    def __call__(self, signum: int, _frame=None) -> None:
+        global _stop_said
+        if not _stop_said:
+            _stop_said = True
+            text = f"{self.name} stopped at once ({signal.Signals(signum).name}){self.resume}"
+            # one write to the terminal itself, not through a live progress display (which holds the
+            # cursor on its bar and hides it): the bar's line ended, the cursor shown again, the line
+            terminal = sys.__stderr__.isatty()
+            line = f"\n\x1b[?25h\x1b[33mstopped:\x1b[0m {text}\n" if terminal else f"stopped: {text}\n"
+            os.write(sys.__stderr__.fileno(), line.encode())
+        os._exit(EXIT_STOPPED)
+
+    def install(self) -> _StopAtOnce:
+        for stop_signal in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop_signal, self)
+        return self
 
 
 def _report_to_up() -> None:
@@ -112,46 +155,46 @@ def run(
     Exit status: 0 done (or already finished), 1 failed, 2 refused before any work (bad input, or
     another attempt already running), 130 stopped by a signal or a cancel.
     """
-    # SIGTERM (a supervisor, `timeout`) as Ctrl-C until the campaign takes both over (a safe stop)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if progress:  # the bars report progress; Prefect's per-task INFO lines still reach its API and UI
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     overrides = [*overrides, f"mode={mode}"] if mode else overrides
-    name = "the campaign"
     launched = int(os.environ.get("WORLD_SIZE", "1"))  # accelerate launch / torchrun: this process's group
     if int(os.environ.get("RANK", "0")) > 0:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         _follow(config, overrides, launched)
         return
+    # SIGINT and SIGTERM (a supervisor, `timeout`) stop at once until the campaign takes both over
+    # (a stop at its next safe point), a second one while it stops, and any during its shutdown
+    at_once = _StopAtOnce("the campaign", "; resume with the same command (from its newest checkpoint)").install()
     _report_to_up()
-    try:
-        from rftflow.flows.prefect_api import booting_prefect_api
+    from rftflow.flows.prefect_api import booting_prefect_api
 
-        loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
-        name = f"campaign {loaded.name}"
-        if loaded.mode in ("both", "async", "train") and loaded.trainer.processes != launched:
-            if launched == 1 and "WORLD_SIZE" not in os.environ:
-                _launch_processes(loaded.trainer.processes)  # this command again, in that many processes
-            from rftflow.components.train.trainer import launch_mismatch
+    loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
+    at_once.name = f"campaign {loaded.name}"
+    if loaded.mode in ("both", "async", "train") and loaded.trainer.processes != launched:
+        if launched == 1 and "WORLD_SIZE" not in os.environ:
+            _launch_processes(loaded.trainer.processes)  # this command again, in that many processes
+        from rftflow.components.train.trainer import launch_mismatch
 
-            _fail(launch_mismatch(loaded.trainer.processes, launched))
-        with booting_prefect_api() as prefect_api_ready:  # the server boots while the preflight checks the rest
-            checked = _preflight(loaded, run_dir, [], restart)  # the flow passes it too; here it fails first
-            from rftflow.flows.campaign import rft_campaign, summary_line
+        _fail(launch_mismatch(loaded.trainer.processes, launched))
+    with booting_prefect_api() as prefect_api_ready:  # the server boots while the preflight checks the rest
+        checked = _preflight(loaded, run_dir, [], restart)  # the flow passes it too; here it fails first
+        from rftflow.flows import campaign
+        from rftflow.flows.campaign import rft_campaign, summary_line
 
-            if checked.finished:
-                Console().print(summary_line(checked), highlight=False, soft_wrap=True)
-                return
-            # the contracts' and the tracking's libraries, else first imported inside the flow
-            import great_expectations  # noqa: F401
-            import mlflow  # noqa: F401
+        if checked.finished:
+            Console().print(summary_line(checked), highlight=False, soft_wrap=True)
+            return
+        # the contracts' and the tracking's libraries, else first imported inside the flow
+        import great_expectations  # noqa: F401
+        import mlflow  # noqa: F401
 
-            _collector_on()
-            cfg = checked.cfg
-            prefect_api_ready()
-            state = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,
-                                 show_progress=progress, return_state=True)
-    except KeyboardInterrupt:  # before the campaign's own handlers, or a second signal
-        _stopped(f"{name} stopped at once; resume with the same command (from its newest checkpoint)")
+        _collector_on()
+        cfg = checked.cfg
+        prefect_api_ready()
+        campaign.AT_ONCE = at_once
+        state = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,
+                             show_progress=progress, return_state=True)
     _exit_on(state)
     summary = state.result()
     if cfg.mode == "bench":
@@ -162,8 +205,8 @@ def run(
         Console().print(f"MLflow run {summary['mlflow_run_id']} ({summary['mlflow_tracking_uri']})")
         return
     table = Table(title=f"campaign {cfg.name}", show_header=False)
-    for key in ("mode", "eval_accuracy_before", "eval_accuracy_after", "rounds", "wall_seconds", "model_name",
-                "model_version", "mlflow_run_id", "store_url"):
+    for key in ("mode", "eval_accuracy_before", "eval_accuracy_after", "accuracy_by", "rounds", "wall_seconds",
+                "model_name", "model_version", "mlflow_run_id", "store_url"):
         value = summary.get(key)
         shown = f"{value:.1f} s" if key == "wall_seconds" else f"{value:.3f}" if isinstance(value, float) else str(value)
         table.add_row(key, shown)
@@ -623,6 +666,7 @@ def main() -> None:
     finalize (no server, no background writer, no atexit work)."""
     gc.disable()
     code = 0
+    _StopAtOnce(" ".join(["rftflow", *sys.argv[1:2]])).install()  # Ctrl-C: one line, exit 130 (``run``: its own)
     try:
         app()
     except SystemExit as e:
