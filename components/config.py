@@ -397,6 +397,17 @@ class TrainerConfig(_Section):
         "takes the lowest group's share solved, so every kind of task must reach the bar, not only their mix (a "
         "policy that solved one kind alone gives the rounds nothing to reward on the others).",
     )
+    warmup_checkpoint_every: int = Field(
+        500, ge=0, description="Warm-start steps between the warm start's own checkpoints in the store "
+        "(`warm_start/sNNNNNNNN`: weights, optimizer, RNG and the step reached; 0: none by steps), so a crash during "
+        "it resumes from the newest instead of its first step; a stop (Ctrl-C) writes one where it stops. Gone once "
+        "the checkpoint after the warm start is written. The resumed warm start ends where an uninterrupted one does. "
+        "Not with `fsdp`.",
+    )
+    warmup_checkpoint_minutes: float = Field(
+        10.0, ge=0, description="At most this many minutes between the warm start's own checkpoints, whatever "
+        "`warmup_checkpoint_every` says (0: none by time): long steps (a large model) still leave one behind.",
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainerConfig:

@@ -265,8 +265,10 @@ def _stop_if_asked(run: CampaignRun, last: Planned | Rounds | None) -> None:
 
 def _stopped_line(run: CampaignRun, error: StopRequested) -> str:
     """The one line of a stopped campaign: where it stopped and where the same command resumes."""
+    warm = run.campaign.warm_step
     resume = (f"the checkpoint of round {run.state.checkpoint_round}" if run.state.checkpoint_round is not None
-              and run.campaign.has_trainer else "its newest round" if not run.campaign.has_trainer else "the start")
+              and run.campaign.has_trainer else "its newest round" if not run.campaign.has_trainer
+              else f"step {warm} of the warm start" if warm is not None else "the start")
     return f"campaign {run.cfg.name} {error}; resume with the same command (from {resume})"
 
 

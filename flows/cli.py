@@ -481,8 +481,8 @@ def buffer_gc(store: StoreArg, campaign: CampaignOpt = None,
                   "--keep-rounds", min=1, help="Keep the newest k rounds of experiences (default: the campaign's "
                   "retention.keep_rounds).")] = None) -> None:
     """Delete what the campaign no longer needs, by the retention rules (components.buffer.retention):
-    staging, superseded weights and checkpoints, crash leftovers, rounds past keep_rounds. A dry run
-    unless --apply; refused while the campaign runs."""
+    staging, superseded weights and checkpoints, checkpoints set aside as corrupt, crash leftovers,
+    rounds past keep_rounds. A dry run unless --apply; refused while the campaign runs."""
     from rftflow.components.buffer.retention import apply as apply_plan, plan
     from rftflow.components.campaign.state import StateStore, explorer_roles, running_line
 
@@ -496,7 +496,8 @@ def buffer_gc(store: StoreArg, campaign: CampaignOpt = None,
         for state in states:
             if state.alive_elsewhere():
                 _fail(running_line(state))
-        gc_plan = plan(opened, states[0].config, finished=states[0].status == "finished", keep_rounds=keep_rounds)
+        gc_plan = plan(opened, states[0].config, finished=states[0].status == "finished", keep_rounds=keep_rounds,
+                       corrupt=True)
         deleted = apply_plan(opened, gc_plan) if apply else 0
     table = Table(title=f"buffer gc: campaign {opened.campaign} in {opened.url}" + ("" if apply else " (dry run)"))
     for column in ("kind", "objects", "kept"):

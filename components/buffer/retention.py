@@ -16,8 +16,12 @@ lists what else can go, kind by kind; ``apply`` deletes it. The rule for each ki
   with a group that checkpoint's use counts still allow (``buffer.reuse_limit``) and that is not
   past ``algorithm.max_staleness``.
 - ``weights`` (``weights/vNNNNNN``, ``sync.method: checkpoint``): every version but the newest.
-- ``checkpoints``: those past ``checkpoint.keep_last`` / ``keep_best`` (a changed setting), those set
-  aside as corrupt, and the files of checkpoints a crash left uncommitted.
+- ``checkpoints``: those past ``checkpoint.keep_last`` / ``keep_best`` (a changed setting), and the
+  files of checkpoints a crash left uncommitted; those set aside as corrupt
+  (``checkpoints/corrupt/``, with the reason in ``corrupt.json``) only by ``rftflow buffer gc``
+  itself, listed by name: the campaign's own rotation and its collection after the campaign
+  (``retention.after_campaign``) keep them for someone to look at. The warm start's own
+  checkpoint (``warm_start/``) once a checkpoint after it exists.
 - ``uncommitted`` shards (``part-*.parquet`` with no commit marker: a writer killed mid-shard).
 
 Never deleted: tasksets, demonstrations and human feedback, the state, kept checkpoints, the
@@ -34,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rftflow.components.buffer.experiences import ExperienceStore
-from rftflow.components.buffer.weights import WeightStore
+from rftflow.components.buffer.weights import CORRUPT_DIR, WARM_START_DIR, WeightStore
 
 from rftflow.components.buffer.layout import CHECKPOINT_MANIFEST, WEIGHTS_MANIFEST, shard_order
 from rftflow.components.buffer.shards import COMMIT_DIR
@@ -101,10 +105,12 @@ def _needed_from(store: ExperienceStore, oldest: dict[str, Any] | None, config: 
     return after
 
 
-def plan(store: ExperienceStore, config: dict[str, Any], *, finished: bool, keep_rounds: int | None = None) -> GcPlan:
+def plan(store: ExperienceStore, config: dict[str, Any], *, finished: bool, keep_rounds: int | None = None,
+         corrupt: bool = False) -> GcPlan:
     """What can go from ``store``'s campaign under the rules of the module docstring. ``config``:
     the campaign's (as in its state); ``finished``: the campaign ended (its newest weights are
-    then superseded too); ``keep_rounds`` overrides ``retention.keep_rounds``."""
+    then superseded too); ``keep_rounds`` overrides ``retention.keep_rounds``; ``corrupt``: the
+    checkpoints set aside as corrupt go too (``rftflow buffer gc``)."""
     result = GcPlan(store.campaign)
     keep_rounds = keep_rounds if keep_rounds is not None else (config.get("retention") or {}).get("keep_rounds")
     keys = store.objects.list(store.key(""))
@@ -118,10 +124,17 @@ def plan(store: ExperienceStore, config: dict[str, Any], *, finished: bool, keep
     if keep_best and scored:
         kept.add(max(scored, key=lambda m: (m["eval_accuracy"], m["version"]))["version"])
     kept_prefixes = {weights.checkpoint_prefix(v) + "/" for v in kept}
+    set_aside = [m["prefix"].rsplit("/", 1)[1] for m in weights.set_aside()]
+    if not corrupt:
+        kept_prefixes.add(store.key(*CORRUPT_DIR) + "/")
     for key in under("checkpoints"):
         if not any(key.startswith(p) for p in kept_prefixes):
             result.deletions["checkpoints"].append(key)
-    result.notes["checkpoints"] = f"kept: {', '.join(f'v{v:06d}' for v in sorted(kept)) or 'none'}"
+    if finished or checkpoints:  # the warm start's own checkpoint: superseded by the one after the warm start
+        result.deletions["checkpoints"] += under(WARM_START_DIR)
+    result.notes["checkpoints"] = (f"kept: {', '.join(f'v{v:06d}' for v in sorted(kept)) or 'none'}"
+                                   + (f"; set aside as corrupt ({'deleted' if corrupt else 'kept'}): "
+                                      f"{', '.join(set_aside)}" if set_aside else ""))
     # what a resume may read: from the oldest kept checkpoint on (it is the fallback when newer ones
     # are corrupt); a finished campaign never resumes
     oldest_kept = min(kept) if kept and not finished else None

@@ -115,8 +115,9 @@ class CampaignRun:
     def _restore_newest_usable(self) -> None:
         """Continue from the newest committed checkpoint whose files match its manifest (even if the
         state did not record it before a crash). A corrupt one is reported in one line and set aside
-        (``ExperienceStore.set_aside_checkpoint``), and the one before it is tried: the rounds after it
-        are redone. ``NoUsableCheckpoint`` when there were checkpoints and none is whole."""
+        (``WeightStore.set_aside_checkpoint``, kept until ``buffer gc``), and the one before it is
+        tried: the rounds after it are redone. ``NoUsableCheckpoint`` when there were checkpoints and
+        none is whole."""
         store = self.campaign.weight_store
         committed = store.checkpoints()
         for manifest in reversed(committed):
@@ -125,8 +126,9 @@ class CampaignRun:
                 with tempfile.TemporaryDirectory() as into:
                     self.resumed_from = self.campaign.restore(version, Path(into))
             except CorruptCheckpoint as e:
-                store.set_aside_checkpoint(version, str(e))
-                log.warning("%s: set aside; resuming from the checkpoint before it", e)
+                aside = store.set_aside_checkpoint(version, str(e))
+                log.warning("%s: set aside; resuming from the checkpoint before it (kept under %s until "
+                            "`rftflow buffer gc`)", e, aside)
                 continue
             self.state.checkpoint = store.checkpoint_prefix(version)
             self.state.checkpoint_round = self.state.rounds_done = self.resumed_from
@@ -299,6 +301,7 @@ class CampaignRun:
         return manifest
 
     def _retire_checkpoints(self) -> None:
+        self.campaign.weight_store.delete_warm_starts()  # a checkpoint after the warm start supersedes its own
         manifests = self.campaign.weight_store.checkpoints()
         keep = {m["version"] for m in manifests[-self.cfg.checkpoint.keep_last:]}
         scored = [m for m in manifests if m.get("eval_accuracy") is not None]

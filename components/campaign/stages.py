@@ -15,6 +15,7 @@ import copy
 import functools
 import json
 import logging
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ import pyarrow.compute as pc
 import torch
 
 from rftflow.components.buffer.experiences import ExperienceStore
-from rftflow.components.buffer.weights import WeightStore
+from rftflow.components.buffer.weights import CorruptCheckpoint, WeightStore
 
 from rftflow.components.buffer.layout import campaigns_in, open_run_store, round_dir
 from rftflow.components.buffer.leases import Lease, ShardLeases, shard_of_groups, shard_slice
@@ -159,6 +160,7 @@ class Campaign:
         self.held: dict[int, list[Lease]] = {}
         self.first_open = 1  # the oldest round that may have shards left to commit (``_take_over``)
         self.stop = stop or StopFlag()  # set: stop after the current stage, end a wait or the warm start
+        self.warm_step: int | None = None  # steps of the newest warm-start checkpoint written or restored here
 
     # setup -----------------------------------------------------------------------------------
     def prepare(self) -> dict[str, float]:
@@ -227,31 +229,49 @@ class Campaign:
     def warm_start(self, progress=None) -> dict[str, float]:
         """Expert-only SFT steps before the RL rounds (``trainer.warmup_steps``; the policy's version
         becomes 1), then the start weights go to the explorer (published even with no steps, as
-        version 0, so an explorer process knows the trainer is there). A stop asked for meanwhile
-        ends it after the current step (``StopRequested``): nothing of it is kept, a resume starts
-        it over. With ``trainer.warmup_until`` it ends at the first check (every
-        ``warmup_check_every`` steps, every step after one that reached ``warmup_check_near``) where
-        ``warm_accuracy`` reaches it (on every group of ``warmup_check_by``)."""
+        version 0, so an explorer process knows the trainer is there). Every
+        ``trainer.warmup_checkpoint_every`` steps (or ``warmup_checkpoint_minutes``) the warm start
+        is checkpointed (``save_warm_start``); a stop asked for meanwhile ends it after the current
+        step (``StopRequested``), checkpointed there. A resumed campaign continues from the newest
+        (``resume_warm_start``) and ends where an uninterrupted one ends. With
+        ``trainer.warmup_until`` it ends at the first check (every ``warmup_check_every`` steps,
+        every step after one that reached ``warmup_check_near``) where ``warm_accuracy`` reaches it
+        (on every group of ``warmup_check_by``)."""
         tc = self.cfg.trainer
         steps, metrics, done, near = tc.warmup_steps, {}, 0, False
+        saved_at = time.monotonic()
 
         def step_done(step: int, step_metrics: dict[str, float]) -> bool:
-            nonlocal done, near
-            if self.stop.reason:
-                raise StopRequested(f"stopped ({self.stop.reason}) at step {step} of the warm start")
+            nonlocal done, near, saved_at
             done = step
             if progress is not None:
                 progress(step, step_metrics)
-            if tc.warmup_until is None or (step % tc.warmup_check_every and not near):
-                return False
-            metrics["warmup/check_accuracy"] = accuracy = self.warm_accuracy()
-            near = near or (tc.warmup_check_near is not None and accuracy >= tc.warmup_check_near)
-            return accuracy >= tc.warmup_until
+            if tc.warmup_until is not None and (near or step % tc.warmup_check_every == 0):
+                metrics["warmup/check_accuracy"] = accuracy = self.warm_accuracy()
+                near = near or (tc.warmup_check_near is not None and accuracy >= tc.warmup_check_near)
+                if accuracy >= tc.warmup_until:
+                    return True
+            every, minutes = tc.warmup_checkpoint_every, tc.warmup_checkpoint_minutes
+            due = (every and step % every == 0) or (minutes and time.monotonic() - saved_at >= 60 * minutes)
+            if self.stop.reason or (due and step < steps):
+                self.save_warm_start(step, drawn_from, {"near": near, "metrics": metrics})
+                saved_at = time.monotonic()
+            if self.stop.reason:
+                raise StopRequested(f"stopped ({self.stop.reason}) at step {step} of the warm start")
+            return False
 
         if steps:
             if tc.warmup_until is not None:
                 self.warm_check_groups()  # a missing metadata key fails here, before any step
-            last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), tc.warmup_lr, step_done)
+            resumed = self.resume_warm_start()
+            if resumed is not None:
+                saved = resumed["order_rng"]  # the state the steps were drawn from: the same steps again
+                self.sampler.order_rng.setstate((saved[0], tuple(saved[1]), saved[2]))
+                done, near = resumed["step"], resumed["near"]
+                metrics.update({**resumed["metrics"], "warmup/resumed_from_step": float(done)})
+                log.info("the warm start resumes after step %d of %d", done, steps)
+            drawn_from = self.sampler.order_rng.getstate()
+            last = self.trainer.warm_start(self.sampler.warm_start_steps(steps), tc.warmup_lr, step_done, first=done)
             self.policy_version += 1
             metrics.update({"warmup/steps": float(done), "warmup/loss_sft": last.get("loss/sft", float("nan"))})
             check = metrics.get("warmup/check_accuracy")
@@ -261,6 +281,42 @@ class Campaign:
                             "none" if check is None else f"{check:.3f}")
         self.weights.publish(self.policy_version)
         return metrics
+
+    def save_warm_start(self, step: int, drawn_from: tuple, progress: dict[str, Any]) -> None:
+        """Checkpoint the warm start after ``step`` steps (``WeightStore.write_warm_start``): the
+        trainer (weights, optimizer, step count), torch's RNG, the sampler's RNG state its steps were
+        drawn from (``drawn_from``) and ``progress`` (the ``warmup_until`` checks'). Not with
+        ``trainer.fsdp`` (gathering the shards is a collective the other processes, stepping, would
+        not join)."""
+        if self.trainer.sharded:
+            return
+        with tempfile.TemporaryDirectory() as out:
+            save_trainer(self.trainer, Path(out), base=self.cfg.model.path)
+            resume = {"step": step, "order_rng": drawn_from, **progress,
+                      "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+            (Path(out) / "warm_start.json").write_text(json.dumps(resume))
+            self.weight_store.write_warm_start(step, Path(out), {"warmup_steps": self.cfg.trainer.warmup_steps})
+        self.warm_step = step
+
+    def resume_warm_start(self) -> dict[str, Any] | None:
+        """The newest whole warm-start checkpoint restored — the trainer (and its other processes),
+        torch's RNG — and its ``warm_start.json`` returned; None when there is none (a corrupt one is
+        reported in one line: the warm start then begins again)."""
+        for manifest in reversed(self.weight_store.warm_starts()):
+            try:
+                with tempfile.TemporaryDirectory() as into:
+                    self.weight_store.read_warm_start(manifest["step"], Path(into))
+                    load_trainer(self.trainer, Path(into))
+                    resume = json.loads((Path(into) / "warm_start.json").read_text())
+            except CorruptCheckpoint as e:
+                log.warning("%s: the warm start does not resume from it", e)
+                continue
+            self.trainer.share_state()
+            rng = torch.frombuffer(bytearray(base64.b64decode(resume["torch_rng"])), dtype=torch.uint8)
+            torch.set_rng_state(rng.clone())
+            self.warm_step = resume["step"]
+            return resume
+        return None
 
     def warm_check_groups(self) -> list[list[Task]]:
         """The first ``WARMUP_CHECK_TASKS`` training tasks, grouped by metadata key

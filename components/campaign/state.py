@@ -35,7 +35,8 @@ OPERATIONAL_KEYS = ("storage.max_attempts", "storage.checksum", "storage.outage_
                     "checkpoint.keep_last", "checkpoint.keep_best", "sync.timeout_seconds", "sync.check",
                     "sync.check_logprobs_every", "sync.logprob_tolerance", "explorer.base_url",
                     "explorer.lease_seconds", "bench.models", "threads", "bench.tasksets", "promotion.margin", "promotion.alpha",
-                    "promotion.min_accuracy", "retention.keep_rounds", "retention.after_campaign")
+                    "promotion.min_accuracy", "retention.keep_rounds", "retention.after_campaign",
+                    "trainer.warmup_checkpoint_every", "trainer.warmup_checkpoint_minutes")
 OPERATIONAL_SECTIONS = ("orchestration",)  # how the steps are run: every key in it
 
 

@@ -369,21 +369,23 @@ class Trainer:
         return metrics
 
     def warm_start(self, steps: Sequence[Sequence[Row]], peak_lr: float | None = None,
-                   progress=None) -> dict[str, float]:
-        """One SFT step per micro-batch of expert rows in ``steps`` (an expert-only warm start).
+                   progress=None, first: int = 0) -> dict[str, float]:
+        """One SFT step per micro-batch of expert rows in ``steps`` (an expert-only warm start), from
+        step ``first`` on (a warm start resumed with the state it had after ``first`` steps).
 
         Learning rate: linear ramp to ``peak_lr`` over the first 5% of steps, then cosine decay to
         ``trainer.lr``, the rate the RL rounds continue with. ``progress(step, metrics)`` returning
         true ends it after that step (one process only: the others were sent every step).
         """
         steps = [list(chunk) for chunk in steps]
-        self._announce("warm_start", steps, peak_lr)
+        self._announce("warm_start", steps, peak_lr, None, first)
         n = len(steps)
         peak, final = peak_lr or self.cfg.lr, self.cfg.lr
         ramp = max(1, n // 20)
         last: dict[str, float] = {}
         sft = get_loss("sft")
-        for step, chunk in enumerate(steps):
+        for step in range(first, n):
+            chunk = steps[step]
             if step < ramp:
                 self.set_lr(peak * (step + 1) / ramp)
             else:

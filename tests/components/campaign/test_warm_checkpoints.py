@@ -1,0 +1,73 @@
+"""The warm start's own checkpoints, without Prefect: a warm start stopped (or its process gone)
+part-way resumes from its newest checkpoint, not its first step, and the campaign ends with the
+weights of an uninterrupted one; the checkpoint after the warm start retires them."""
+
+import pytest
+import torch
+
+from rftflow.components.campaign.preflight import preflight
+from rftflow.components.campaign.run import CampaignRun
+from rftflow.components.campaign.stages import StopRequested
+
+WARM = ["rounds=1", "trainer.warmup_steps=40", "trainer.warmup_checkpoint_every=10"]
+
+
+@pytest.fixture
+def start(tmp_path, default_config, small):
+    def make(name: str) -> CampaignRun:
+        return CampaignRun(preflight(default_config, tmp_path / name, [*small, *WARM]))
+
+    return make
+
+
+def _state(run: CampaignRun) -> dict[str, torch.Tensor]:
+    """The trainer's weights and AdamW moments."""
+    trainer = run.campaign.trainer
+    moments = {f"adam/{i}/{k}": v for i, s in trainer.optimizer.state_dict()["state"].items() for k, v in s.items()}
+    return {**{k: v.clone() for k, v in trainer.unwrapped.state_dict().items()}, **moments}
+
+
+def _through_the_warm_start(run: CampaignRun) -> None:
+    """Every step up to the checkpoint after the warm start."""
+    for planned in run.steps():
+        run.do(planned)
+        if (planned.step.value, planned.round) == ("checkpoint", 0):
+            return
+
+
+class Crash(Exception):
+    """The process dies here (nothing after it runs)."""
+
+
+def _cut_warm_start(run: CampaignRun, at: int, stop: bool) -> None:
+    """Prepare, then the warm start until step ``at``: asked to stop there (Ctrl-C), or gone (a crash)."""
+    def hook(step: int, _metrics) -> None:
+        if step == at:
+            if not stop:
+                raise Crash
+            run.campaign.stop.reason = "SIGINT"
+
+    run.on_warmup_step = hook
+    run.prepare(0)
+    with pytest.raises(StopRequested if stop else Crash):
+        run.warm_start(0)
+
+
+def test_a_warm_start_cut_part_way_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(start):
+    reference = start("reference")
+    _through_the_warm_start(reference)
+    assert reference.campaign.weight_store.warm_starts() == []  # retired by the checkpoint after the warm start
+    expected = _state(reference)
+    for name, at, stop, resumes_after in (("stopped", 17, True, 17), ("crashed", 25, False, 20)):
+        _cut_warm_start(start(name), at, stop)
+        resumed = start(name)
+        assert [m["step"] for m in resumed.campaign.weight_store.warm_starts()] == [resumes_after]
+        assert resumed.fresh  # no round's checkpoint yet: prepare and the warm start come again
+        _through_the_warm_start(resumed)
+        history = resumed.tracker.client.get_metric_history(resumed.tracker.run_id, "warmup/resumed_from_step")
+        assert [m.value for m in history] == [resumes_after], name
+        state = _state(resumed)
+        assert state.keys() == expected.keys()
+        for key, value in expected.items():  # equal, not close: weights, optimizer, RNG, data order, LR
+            assert torch.equal(value, state[key]), (name, key)
+        assert resumed.campaign.weight_store.warm_starts() == []
