@@ -158,6 +158,17 @@ def test_a_call_past_the_wall_limit_or_a_reply_past_the_frame_limit_scores_0():
     assert scores[1].value == 0.0 and scores[1].reason.startswith("add(1, 2) answered a message of ")
 
 
+def test_the_program_passes_only_when_the_tests_ran_to_their_end_and_it_loaded(reward):
+    """Tests that stop early with exit status 0 pass nothing; a program that does not load fails
+    even when the tests, as it turns out, never call it."""
+    early = _task("import sys\nsys.exit(0)\nassert add(2, 3) == 5\n")
+    never = _task("if 1 == 2:\n    add(1, 2)\n")
+    scores = reward.score_many(["    return 0\n", "    return (\n"], [early, never])
+    assert (scores[0].value, scores[0].reason) == (0.0, "the tests did not run to their end")
+    assert scores[1].value == 0.0 and scores[1].reason.startswith(
+        "the program ended before its functions could be called: exit 1: SyntaxError")
+
+
 CALLS = [{"args": [2, 3], "expected": 5}, {"args": [[1, 2], [3]], "expected": [1, 2, 3]},
          {"args": [], "kwargs": {"a": 0.5, "b": 0.25}, "expected": 0.75}]
 
