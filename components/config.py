@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from rftflow.components.algorithms.aggregation import AggMode
 from rftflow.components.algorithms.presets import PRESET_NAMES, Algorithm, resolve
@@ -71,7 +73,8 @@ class TasksetConfig(_Section):
     size: int = Field(20000, gt=0, description="Tasks drawn from a reasoning-gym generator (before dedupe).")
     eval_size: int = Field(
         200, gt=0, description="Held-out tasks for greedy evaluation: a uniform sample of the distinct tasks, "
-        "disjoint from train by question.",
+        "disjoint from train by question. A taskset with fewer than twice as many distinct tasks holds out a fifth "
+        "of them instead (said in a line before the campaign starts).",
     )
     prompt_template: str = Field(
         "{question}",
@@ -105,8 +108,25 @@ class TasksetConfig(_Section):
                                "`tools`, …; None: none recorded).")
 
 
-RewardName = Literal["score_answer", "exact_match", "math_verify", "math", "code", "judge", "reward_model", "format",
-                     "env_return"]
+BUILTIN_REWARDS = ("score_answer", "exact_match", "math_verify", "math", "code", "judge", "reward_model", "format",
+                   "env_return")
+IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def reward_ref(value: str) -> str:
+    """A reward: a built-in name or an import path ``package.module:name`` (``ValueError`` otherwise)."""
+    if value in BUILTIN_REWARDS or IMPORT_PATH.fullmatch(value):
+        return value
+    raise ValueError(f"{value!r} is neither a built-in reward ({', '.join(BUILTIN_REWARDS)}) nor an import path "
+                     "`package.module:name`")
+
+
+def reward_label(ref: str) -> str:
+    """A reward's name in metrics (``reward/fn/<name>/mean``): a built-in's name, an import path's last part."""
+    return ref.rpartition(":")[2]
+
+
+RewardRef = Annotated[str, AfterValidator(reward_ref)]
 
 
 class CodeRewardConfig(_Section):
@@ -176,13 +196,61 @@ class RewardModelConfig(_Section):
 
 
 class FormatRewardConfig(_Section):
-    """The `format` reward: 1 if the stripped response matches a pattern; mixed into the domain's
-    reward by ``weight``."""
+    """The `format` reward: 1 if the stripped response matches a pattern."""
 
     pattern: str | None = Field(None, description="A regular expression the whole stripped response must match "
                                 "(`re.fullmatch`, `.` matching newlines), e.g. `(?s).*#### *-?[0-9]+`.")
-    weight: float = Field(0.0, ge=0, le=1, description="Share of the format reward in every task's reward: "
-                          "(1 − weight) · domain reward + weight · format reward (0: not mixed in).")
+    weight: float = Field(0.0, ge=0, le=1, description="Deprecated: `reward.combine` with the task's reward at "
+                          "1 − weight and `format` at weight (what it means: (1 − weight) · task reward + weight · "
+                          "format reward); 0: not mixed in.")
+
+
+class RewardTerm(_Section):
+    """One term of `reward.combine`: a reward and its weight in the total."""
+
+    reward: str = Field(description="`task` (each task's own reward: `reward.function`, its domain's or its mixture "
+                        "part's), a built-in reward's name, or an import path `package.module:name`.")
+    weight: float = Field(description="Its weight: the total is Σ weight · value over the terms.")
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", description="Its name in metrics "
+                             "(`reward/fn/<name>/mean`; None: the built-in's name or the import path's last part).")
+    options: dict[str, Any] = Field(default_factory=dict, description="An import-path class reward: its "
+                                    "constructor's keyword arguments.")
+
+    @field_validator("reward")
+    @classmethod
+    def _known(cls, reward: str) -> str:
+        return reward if reward == "task" else reward_ref(reward)
+
+    @property
+    def label(self) -> str:
+        return self.name or reward_label(self.reward)
+
+
+class OverlongShaping(_Section):
+    """DAPO's overlong reward shaping (arXiv:2503.14476, eq. 13): no penalty up to L_max − L_cache
+    tokens, then a penalty growing linearly to −1 at L_max, −1 past it."""
+
+    max_tokens: int | None = Field(None, gt=0, description="L_max, the length budget in tokens (None: "
+                                   "`explorer.max_new_tokens`).")
+    cache_tokens: int = Field(gt=0, description="L_cache, the soft punishment interval: the last L_cache tokens of "
+                              "the budget.")
+    weight: float = Field(1.0, ge=0, description="Its weight in the total.")
+
+
+class LengthShaping(_Section):
+    """Kimi k1.5's length reward within a group (arXiv:2501.12599, §2.3.3): λ = 0.5 − (len − min_len) /
+    (max_len − min_len); a correct response gets λ, a wrong one min(0, λ)."""
+
+    weight: float = Field(gt=0, description="Its weight in the total (Kimi k1.5 warms it up; here it is constant).")
+
+
+class ShapingConfig(_Section):
+    """Length shaping added to every explorer row's total (off by default; accuracy never reads it)."""
+
+    overlong: OverlongShaping | None = Field(None, description="DAPO's overlong penalty (None: off), logged as "
+                                             "`reward/fn/overlong/mean`.")
+    length: LengthShaping | None = Field(None, description="Kimi k1.5's length reward (None: off), logged as "
+                                         "`reward/fn/length/mean`.")
 
 
 class MixturePart(_Section):
@@ -194,42 +262,88 @@ class MixturePart(_Section):
     weight: float = Field(gt=0, description="Its share of each round's tasks (weights are normalised).")
     taskset: dict[str, Any] = Field(default_factory=dict, description="`taskset` keys for this part (source, "
                                     "params, prompt_template, eval_size, workflow, domain, …) over the campaign's.")
-    reward: RewardName | None = Field(None, description="This part's reward (None: by its tasks' domain, "
-                                      "`reward.domains`, else `reward.function`).")
+    reward: RewardRef | None = Field(None, description="This part's reward, a built-in's name or an import path "
+                                     "(None: by its tasks' domain, `reward.domains`, else `reward.function`).")
 
 
 class RewardConfig(_Section):
     """How a response is scored: a reward per domain (a task's `domain` field, or the taskset's), the
-    default for the others, and each reward's settings."""
+    default for the others, terms combined with it, and each reward's settings."""
 
-    function: RewardName = Field(
+    function: RewardRef = Field(
         "score_answer",
-        description="The default reward. `env_return`: an episode's return in its environment (the sum of its step "
-        "rewards; `multi_turn`); `score_answer`: the reasoning-gym dataset's own verifier (exact match for file "
-        "tasksets; for a `builtin:` taskset, its own); `exact_match`: 1 if the stripped response equals the gold "
-        "answer; `math_verify`: 1 if the final answer of a free-form response equals the gold answer mathematically "
-        "(math-verify); `math`: the same after taking the answer after a GSM8K `####` if there is one; `code`: the "
-        "response's program passes the task's tests in a sandbox (`reward.code`); `judge`: an LLM's grade by a rubric "
-        "(`reward.judge`); `reward_model`: a sequence-classification model's score (`reward.reward_model`); "
-        "`format`: the pattern `reward.format.pattern`.",
+        description="The default reward: a built-in or an import path `package.module:name` (a function "
+        "`(response, task) -> float | Score`, a batched `(responses, tasks) -> list`, or a class with "
+        "`score_many(responses, tasks)` and optionally `close()`, made with `reward.options`; its values within its "
+        "`reward_range` attribute, default [0, 1]). Built-ins: `env_return`: an episode's return in its environment "
+        "(the sum of its step rewards; `multi_turn`); `score_answer`: the reasoning-gym dataset's own verifier (exact "
+        "match for file tasksets; for a `builtin:` taskset, its own); `exact_match`: 1 if the stripped response equals "
+        "the gold answer; `math_verify`: 1 if the final answer of a free-form response equals the gold answer "
+        "mathematically (math-verify); `math`: the same after taking the answer after a GSM8K `####` if there is one; "
+        "`code`: the response's program passes the task's tests in a sandbox (`reward.code`); `judge`: an LLM's grade "
+        "by a rubric (`reward.judge`); `reward_model`: a sequence-classification model's score "
+        "(`reward.reward_model`); `format`: the pattern `reward.format.pattern`. A task's own reward (this, its "
+        "domain's or its mixture part's) is its correctness reward: accuracy and promotion read it, never the total.",
     )
-    domains: dict[str, RewardName] = Field(
+    domains: dict[str, RewardRef] = Field(
         default_factory=dict, description="The reward of each domain, e.g. `{math: math, code: code}`; tasks of other "
         "domains get `function`.")
+    options: dict[str, Any] = Field(default_factory=dict, description="An import-path class reward (`function`, "
+                                    "`domains`, a mixture part's): its constructor's keyword arguments.")
+    combine: list[RewardTerm] = Field(
+        default_factory=list, description="Several rewards with weights: each row's reward is Σ weight · value over "
+        "these terms (`task` is the task's own reward; leave it out to use it for accuracy only), each term logged as "
+        "`reward/fn/<name>/mean` beside `reward/mean`. Empty: the task's own reward alone.")
+    correct_at: float | None = Field(
+        None, description="A response counts as correct (held-out accuracy, promotion) when its task's own reward is "
+        "at least this. None: 1 for the built-ins but `reward_model`, 0.5 for `reward_model` (its classifier's "
+        "decision boundary), an import path's top value (`reward_range`).")
+    timeout_seconds: float | None = Field(
+        None, gt=0, description="Import-path rewards: the longest one call may take (a batched function's or class's "
+        "call is its batch); they then run in worker processes, and a call past it is killed, its rows quarantined. "
+        "None: no limit.")
+    workers: int | None = Field(
+        None, gt=0, description="Import-path rewards: worker processes that call them, rows split among them (None: "
+        "in this process, or one worker when `timeout_seconds` is set).")
+    shaping: ShapingConfig = Field(default_factory=ShapingConfig, description="Length shaping of explorer rows "
+                                   "(DAPO's overlong penalty, Kimi k1.5's length reward); off by default.")
     code: CodeRewardConfig = Field(default_factory=CodeRewardConfig, description="The `code` reward's sandbox and limits.")
     judge: JudgeRewardConfig = Field(default_factory=JudgeRewardConfig, description="The `judge` reward's endpoint "
                                      "and rubric.")
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig,
                                             description="The `reward_model` reward's model.")
     format: FormatRewardConfig = Field(default_factory=FormatRewardConfig,
-                                       description="The `format` reward's pattern and its weight in every reward.")
+                                       description="The `format` reward's pattern (its `weight` is deprecated: "
+                                       "`combine`).")
+
+    def terms(self) -> list[RewardTerm]:
+        """The combined terms: ``combine``, or what ``format.weight`` means ((1 − w) · task + w · format)."""
+        if self.format.weight > 0:
+            w = self.format.weight
+            return [RewardTerm(reward="task", weight=1 - w), RewardTerm(reward="format", weight=w)]
+        return list(self.combine)
+
+    def used(self, extra: Sequence[str] = ()) -> set[str]:
+        """Every reward this section (and ``extra``, mixture parts' rewards) names, but `task`."""
+        return {self.function, *self.domains.values(), *extra, *(t.reward for t in self.terms() if t.reward != "task")}
 
     @model_validator(mode="after")
-    def _format_needs_a_pattern(self) -> RewardConfig:
-        uses_format = self.function == "format" or "format" in self.domains.values() or self.format.weight > 0
-        if uses_format and not self.format.pattern:
-            raise ValueError("reward.format.pattern is needed by the format reward (reward.function, reward.domains "
-                             "or reward.format.weight)")
+    def _cross_checks(self) -> RewardConfig:
+        if self.format.weight > 0 and self.combine:
+            raise ValueError("reward.format.weight is a case of reward.combine: give the format term there "
+                             "({reward: format, weight: w}) and drop reward.format.weight")
+        names = [t.label for t in self.combine]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"reward.combine: two terms named {', '.join(twice)}; give one a `name`")
+        own = {reward_label(r) for r in (self.function, *self.domains.values())}
+        clash = sorted({t.label for t in self.combine if t.reward != "task"} & own)
+        if clash:
+            raise ValueError(f"reward.combine: a term named {', '.join(clash)} like a task's own reward (its metric "
+                             "reward/fn/<name>/mean); give the term a `name`")
+        if "format" in self.used() and not self.format.pattern:
+            raise ValueError("reward.format.pattern is needed by the format reward (reward.function, reward.domains, "
+                             "reward.combine or reward.format.weight)")
         return self
 
 
@@ -737,6 +851,14 @@ class CampaignConfig(_Section):
                 first = e.errors()[0]
                 raise ValueError(f"mixture[{i}] ({part.name}).taskset.{'.'.join(map(str, first['loc']))}: "
                                  f"{first['msg']}") from None
+        for part in self.mixture:
+            if part.reward == "format" and not self.reward.format.pattern:
+                raise ValueError(f"mixture part {part.name}: reward.format.pattern is needed by the format reward")
+        overlong = self.reward.shaping.overlong
+        if overlong is not None and overlong.cache_tokens >= (overlong.max_tokens or self.explorer.max_new_tokens):
+            raise ValueError(f"reward.shaping.overlong.cache_tokens {overlong.cache_tokens} must be below its "
+                             f"max_tokens {overlong.max_tokens or self.explorer.max_new_tokens} (None: "
+                             "explorer.max_new_tokens)")
         if self.algorithm.name == "sft" and self.buffer.expert_per_round == 0:
             raise ValueError("buffer.expert_per_round must be > 0 for `sft` (it trains on expert rows only)")
         if self.mode in ("explore", "train") and self.sync.method != "checkpoint":
@@ -857,6 +979,21 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+SOURCE_PREFIXES = ("reasoning_gym:", "builtin:", "data:", "hf:", "human_eval")  # taskset sources that are not paths
+
+
+def _sources_from(data: dict, folder: Path) -> None:
+    """A config file's relative taskset sources (its own and its mixture parts') made absolute from
+    ``folder``, the file's: a config means the same from any directory."""
+    tasksets = [data.get("taskset")] + [part.get("taskset") for part in data.get("mixture") or []
+                                        if isinstance(part, dict)]
+    for taskset in tasksets:
+        source = taskset.get("source") if isinstance(taskset, dict) else None
+        if isinstance(source, str) and source and not source.startswith(SOURCE_PREFIXES) \
+                and not Path(source).expanduser().is_absolute():
+            taskset["source"] = str((folder / source).resolve())
+
+
 def _apply_override(data: dict, assignment: str) -> None:
     key, sep, raw = assignment.partition("=")
     if not sep or not key:
@@ -926,6 +1063,7 @@ def load_config(source: CampaignConfig | Mapping[str, Any] | str | Path | None =
             raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: a campaign config must be a mapping, got {type(data).__name__}")
+        _sources_from(data, p.parent)
     else:
         data = {}
     for assignment in overrides:

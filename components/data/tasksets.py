@@ -1,8 +1,9 @@
 """Tasksets → a train split and a held-out eval split, from reasoning-gym generators, built-in games
-and tool tasks, shipped files (``data:gsm8k-sample``), HumanEval (``human_eval``), JSONL/Parquet
-files, and through Hugging Face ``datasets`` CSV files, ``save_to_disk`` directories and hub
-datasets (``hf:``). JSONL and Parquet are read here, row by row, so that one bad line is
-quarantined with its number instead of failing the whole file as ``datasets``' JSON reader does.
+and tool tasks, generated Python functions (``builtin:python_functions``), shipped files
+(``data:gsm8k-sample``), HumanEval (``human_eval``), JSONL/Parquet files, and through Hugging Face
+``datasets`` CSV files, ``save_to_disk`` directories and hub datasets (``hf:``). JSONL and Parquet
+are read here, row by row, so that one bad line is quarantined with its number instead of failing
+the whole file as ``datasets``' JSON reader does.
 
 The eval split is disjoint from train by question text (no eval question ever appears in train).
 Task file rows are checked against the task contract (``validation``): bad rows are quarantined
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ import pyarrow.compute as pc
 
 from rftflow.components.config import SHIPPED_CONFIGS, ContractsConfig, TasksetConfig
 from rftflow.components.data.contracts import ContractBounds, ContractError, check, enforce
+from rftflow.components.data.python_functions import python_function_entries
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
 BUILTIN_PREFIX = "builtin:"  # tasksets of the built-in environments and tools (components.explore.environments)
@@ -100,7 +103,8 @@ def read_rows(path: Path, what: str = "file") -> list[tuple[int, Any, str | None
     """(row number, parsed row or None, parse error or None) for each row of a JSONL or Parquet file.
     A row that does not parse is kept with its error (the contract quarantines it)."""
     if not path.is_file():
-        raise TasksetError(f"{what} not found: {path}")
+        raise TasksetError(f"{what} not found: {path} (looked for {path.absolute()}; a relative path in a config file "
+                           "is read from the file's folder, one given with --set from the current directory)")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -160,6 +164,9 @@ def _text(value: Any, key: str) -> str | None:
     raise ValueError(f"{key!r} must be a string, got {type(value).__name__}")
 
 
+MARKERS = {"gsm8k": "####", "boxed": "\\boxed{"}  # what each answer_format reads the answer after
+
+
 def extract_answer(text: str, answer_format: str) -> str:
     """The gold answer in ``text``: as it is (``raw``), after the last ``####`` with thousands
     separators dropped (``gsm8k``), or inside the last ``\\boxed{}`` (``boxed``, braces balanced);
@@ -179,7 +186,9 @@ def extract_answer(text: str, answer_format: str) -> str:
 def _candidates(rows: list[tuple[int, Any, str | None]], where: str, cfg: TasksetConfig) -> list[dict[str, Any]]:
     """Rows (row number, parsed row or None, parse error) as contract candidates: question, answer,
     prompt, metadata (the other columns; tests under ``tests`` or ``io``, the domain under
-    ``domain``), parse_error; ``where`` names the source (``file:row``)."""
+    ``domain``), parse_error; ``where`` names the source (``file:row``). A question or answer column
+    that no row has fails here, naming the columns there are."""
+    _check_columns(rows, where, cfg)
     out = []
     for row_no, row, error in rows:
         candidate = {"row": row_no, "where": f"{where}:{row_no}", "parse_error": error, "question": None,
@@ -191,6 +200,9 @@ def _candidates(rows: list[tuple[int, Any, str | None]], where: str, cfg: Taskse
                 question, answer = _text(row.get(cfg.question_key), cfg.question_key), _text(
                     row.get(cfg.answer_key), cfg.answer_key)
                 if answer is not None:
+                    if cfg.answer_format != "raw" and MARKERS[cfg.answer_format] not in answer:
+                        raise ValueError(f"{cfg.answer_key!r} has no `{MARKERS[cfg.answer_format]}` to read the "
+                                         f"answer from (taskset.answer_format {cfg.answer_format})")
                     answer = extract_answer(answer, cfg.answer_format)
                 metadata = {k: v for k, v in row.items() if k not in (cfg.question_key, cfg.answer_key)}
                 tests = metadata.pop(cfg.tests_key, None)
@@ -208,6 +220,19 @@ def _candidates(rows: list[tuple[int, Any, str | None]], where: str, cfg: Taskse
     if not out:
         raise TasksetError(f"{where}: no tasks")
     return out
+
+
+def _check_columns(rows: list[tuple[int, Any, str | None]], where: str, cfg: TasksetConfig) -> None:
+    """``TasksetError`` naming the key when no row has the question or the answer column."""
+    columns: dict[str, None] = {}
+    for _, row, _ in rows:
+        if isinstance(row, dict):
+            columns.update(dict.fromkeys(row))
+    if not columns:
+        return  # no row parsed: the contract names each row's error
+    for key, value in (("question_key", cfg.question_key), ("answer_key", cfg.answer_key)):
+        if value not in columns:
+            raise TasksetError(f"{where}: no column {value!r} (taskset.{key}); its columns: {', '.join(columns)}")
 
 
 def _dataset_rows(cfg: TasksetConfig, split: str) -> tuple[list[tuple[int, Any, None]], str]:
@@ -264,6 +289,8 @@ def _source_candidates(cfg: TasksetConfig, split: str | None = None) -> list[dic
             raise TasksetError(f"taskset {source}: unknown; shipped: {', '.join(SHIPPED_PREFIX + n for n in SHIPPED)}")
         return _candidates(read_rows(SHIPPED[name], "taskset file"), source, cfg)
     path = Path(source)
+    if path.suffix == ".csv" and not path.is_file():
+        read_rows(path, "taskset file")  # its one line: where it looked
     if source.startswith(HUB_PREFIX) or path.is_dir() or path.suffix == ".csv":
         return _candidates(*_dataset_rows(cfg, split or cfg.split), cfg)
     return _candidates(read_rows(path, "taskset file"), str(path), cfg)
@@ -275,8 +302,10 @@ def _generated_candidates(cfg: TasksetConfig, seed: int, size: int) -> list[dict
     if cfg.source.startswith(BUILTIN_PREFIX):
         from rftflow.components.explore.environments import builtin_task_entries
 
+        name = cfg.source[len(BUILTIN_PREFIX):]
         try:
-            entries = builtin_task_entries(cfg.source[len(BUILTIN_PREFIX):], cfg.params, size, seed)
+            entries = (python_function_entries(cfg.params, size, seed) if name == "python_functions"
+                       else builtin_task_entries(name, cfg.params, size, seed))
         except ValueError as e:
             raise TasksetError(f"taskset {cfg.source}: {e}") from None
         tasks = [_to_task(entry, cfg.prompt_template) for entry in entries]
@@ -345,9 +374,22 @@ def recheck_tasks(table: pa.Table, held_out: list[Task], contracts: ContractsCon
     return kept.filter(pc.invert(held)), pa.concat_tables([rejected, leaked.append_column("reason", reason)])
 
 
+EVAL_SHARE = 0.2  # of a small taskset's distinct tasks held out (``held_out_size``)
+
+
+def held_out_size(distinct: int, eval_size: int, source: str = "") -> int:
+    """Held-out tasks of a taskset with ``distinct`` tasks: ``eval_size``, unless that leaves fewer to
+    train on than it holds out; then ``EVAL_SHARE`` of them (at least 1). Fewer than 2 tasks:
+    ``TasksetError`` (nothing to hold out and train on)."""
+    if distinct < 2:
+        raise TasksetError(f"taskset {source}: {distinct} distinct task{'s' * (distinct != 1)}; a campaign needs "
+                           "at least 2, one to hold out for evaluation and one to train on")
+    return eval_size if eval_size <= distinct // 2 else max(1, int(distinct * EVAL_SHARE))
+
+
 def load_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None = None) -> Taskset:
     """Train and held-out splits: the distinct questions are shuffled with ``seed`` and the first
-    ``eval_size`` held out, so the eval split is a uniform sample of distinct tasks, disjoint from
+    ``held_out_size`` held out, so the eval split is a uniform sample of distinct tasks, disjoint from
     train by question. With ``eval_split`` (``datasets`` sources) the held-out sample comes from
     that split, and its questions are removed from train. Train keeps the source's repeats (a
     generator's frequent tasks stay frequent in exploration). Rows that break the task contract are
@@ -359,17 +401,16 @@ def load_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | None 
         quarantined = pa.concat_tables([quarantined, more])
     distinct = list(dict.fromkeys(t.task_id for t in pool))
     random.Random(seed).shuffle(distinct)
-    held_out_ids = set(distinct[:cfg.eval_size])
+    size = held_out_size(len(distinct), cfg.eval_size, cfg.source) if cfg.eval_split is None else cfg.eval_size
+    held_out_ids = set(distinct[:size])
     train = [t for t in tasks if t.task_id not in held_out_ids]
     if not train:
-        raise TasksetError(
-            f"taskset {cfg.source}: {len(distinct)} distinct tasks leave none for training after holding out "
-            f"taskset.eval_size={cfg.eval_size}"
-        )
+        raise TasksetError(f"taskset {cfg.source}: {len(distinct)} distinct tasks, all held out for evaluation "
+                           f"(taskset.eval_split {cfg.eval_split}); none left to train on")
     first = {}
     for t in pool:
         first.setdefault(t.task_id, t)
-    held_out = [first[i] for i in distinct[:cfg.eval_size]]
+    held_out = [first[i] for i in distinct[:size]]
     return Taskset(train, held_out, quarantined, held_out_rows=len(tasks) - len(train))
 
 
@@ -404,12 +445,51 @@ def by_part(tasks: list[Task]) -> dict[str | None, list[int]]:
     return out
 
 
-def check_taskset(cfg: TasksetConfig, contracts: ContractsConfig | None = None) -> None:
-    """Fail fast (``TasksetError``) on a bad taskset: the generator created, or the file read and its
-    rows checked against the task contract (more than ``contracts.max_bad_fraction`` bad rows fail)."""
+def check_taskset(cfg: TasksetConfig, contracts: ContractsConfig | None = None) -> list[Task]:
+    """Fail fast (``TasksetError``, one line) on a bad taskset, before any work: the generator
+    created, or the file read and its rows checked against the task contract (more than
+    ``contracts.max_bad_fraction`` bad rows fail), its question and answer columns there, no
+    question given two answers, enough distinct tasks for a held-out split. A held-out split sized
+    down to the file, and repeated questions, are said in a line each. Returns the tasks read (a
+    generator's first)."""
     tasks, _ = validated_tasks(cfg, 0, contracts, size=1)
     if not tasks:
         raise TasksetError(f"taskset {cfg.source}: no valid tasks")
+    if cfg.source.startswith((REASONING_GYM_PREFIX, BUILTIN_PREFIX)):
+        return tasks
+    answers: dict[str, Task] = {}
+    repeated = 0
+    for task in tasks:
+        seen = answers.setdefault(task.task_id, task)
+        if seen is not task:
+            repeated += 1
+            if seen.answer != task.answer:
+                raise TasksetError(f"taskset {cfg.source}: the question {_short(task.question)} has two answers, "
+                                   f"{seen.answer!r} and {task.answer!r}")
+    if repeated:
+        _say_once("taskset %s: %d repeated questions (train keeps each repeat)", cfg.source, repeated)
+    if cfg.eval_split is None:
+        size = held_out_size(len(answers), cfg.eval_size, cfg.source)
+        if size != cfg.eval_size:
+            _say_once("taskset %s: %d distinct tasks, too few for taskset.eval_size %d: %d held out (%d%%), %d to "
+                        "train on", cfg.source, len(answers), cfg.eval_size, size, round(100 * EVAL_SHARE),
+                        len(answers) - size)
+    return tasks
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str, *args: Any) -> None:
+    """A line for the user, once per process (the CLI and the flow both check the taskset)."""
+    line = message % args
+    if line not in _SAID:
+        _SAID.add(line)
+        logging.getLogger("rftflow").warning(line)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def tasks_to_table(tasks: list[Task]) -> pa.Table:

@@ -3,7 +3,7 @@ pipeline run on the rows it accepts. Pure: the caller records the outcome and st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -30,7 +30,7 @@ class Checked:
     def metrics(self) -> dict[str, float]:
         rewards = self.scored.column("reward")
         out = {"reward/mean": pc.mean(rewards).as_py(), "reward/std": pc.stddev(rewards).as_py() or 0.0,
-               "contract/accepted": self.verdict.counts["accepted"],
+               **per_reward_means(self.scored), "contract/accepted": self.verdict.counts["accepted"],
                "verify/quarantined": self.verdict.counts["quarantined"]}
         if self.dropped is not None:
             out["verify/pipeline_dropped"] = self.dropped.num_rows
@@ -40,8 +40,10 @@ class Checked:
 def check_round(rollouts: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, reward_name: str,
                 bounds: ContractBounds, pipeline: list[dict[str, Any]], seed: int) -> Checked:
     """Score ``rollouts`` against their tasks, check them against the experience contract
-    (``bounds``), and run ``pipeline`` (a list of operator steps; empty: none) on the rows it
+    (``bounds``, its reward bounds widened to the rewards' declared range: ``reward_bounds``), and
+    run ``pipeline`` (a list of operator steps; empty: none) on the rows it
     accepts."""
+    bounds = reward_bounds(bounds, getattr(reward_fn, "bounds", None))
     scored = score(rollouts, tasks_by_id, reward_fn, reward_name)
     unavailable = unavailable_reasons(scored)
     if any(unavailable):  # the reward's infrastructure failed on these: quarantined, never scored 0 or 1
@@ -60,6 +62,26 @@ def check_round(rollouts: pa.Table, tasks_by_id: dict[str, Task], reward_fn: Rew
     reasons = pa.array([None] * accepted.num_rows, pa.string())
     verified = pa.concat_tables([accepted.append_column("reason", reasons), rejected])
     return Checked(scored, verdict, dropped, verified)
+
+
+def reward_bounds(bounds: ContractBounds, declared: tuple[float, float] | None) -> ContractBounds:
+    """``bounds`` with the contract's reward bounds widened where ``declared`` — the least and most a
+    row's total can be by the rewards' declared ranges (None: unknown) — goes past [0, 1]; bounds
+    set within [0, 1] on purpose stay."""
+    if declared is None:
+        return bounds
+    low = min(bounds.reward_min, declared[0]) if declared[0] < 0.0 else bounds.reward_min
+    high = max(bounds.reward_max, declared[1]) if declared[1] > 1.0 else bounds.reward_max
+    return replace(bounds, reward_min=low, reward_max=high)
+
+
+def per_reward_means(scored: pa.Table) -> dict[str, float]:
+    """``reward/fn/<name>/mean``: each reward's (term's) mean over the rows it scored (the ``rewards`` map)."""
+    sums: dict[str, list[float]] = {}
+    for terms in scored.column("rewards").to_pylist():
+        for name, value in terms or ():
+            sums.setdefault(name, []).append(value)
+    return {f"reward/fn/{name}/mean": sum(v) / len(v) for name, v in sorted(sums.items())}
 
 
 def per_taskset_rewards(scored: pa.Table, tasks_by_id: dict[str, Task]) -> dict[str, float]:

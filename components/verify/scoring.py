@@ -9,8 +9,11 @@ import pyarrow as pa
 
 from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.engines import HFRolloutEngine
-from rftflow.components.verify.rewards import RewardFn
+import pyarrow.compute as pc
+
+from rftflow.components.verify.rewards import Graded, RewardFn, is_correct
 from rftflow.components.verify.scores import RewardUnavailable, Score
+from rftflow.components.verify.shaping import shaping_terms
 
 
 def reward_name_of(task: Task, reward_fn: RewardFn, reward_name: str) -> str:
@@ -37,8 +40,10 @@ def score_all(responses: list[str], tasks: list[Task], reward_fn) -> list[Score]
 
 def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, reward_name: str) -> pa.Table:
     """Fill ``reward`` and ``rewards`` by scoring each row against its task (``reward_of``); a
-    score's reason goes into the row's ``info`` (``reward_reason``). A row whose reward could not be
-    computed gets a null reward and ``info.reward_unavailable`` (``unavailable_reasons``)."""
+    score's reason goes into the row's ``info`` (``reward_reason``). ``rewards`` holds each term's
+    value (the task's own reward by its name, ``reward.combine``'s terms, the length shaping's),
+    ``reward`` their total. A row whose reward could not be computed gets a null reward and
+    ``info.reward_unavailable`` (``unavailable_reasons``)."""
     tasks = [tasks_by_id[tid] for tid in table.column("task_id").to_pylist()]
     names = [reward_name_of(t, reward_fn, reward_name) for t in tasks]
     scores: list[Score] = [Score(float(sum(s or ()))) for s in table.column("step_rewards").to_pylist()]  # env_return
@@ -47,6 +52,17 @@ def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, re
     for i, s in zip(text, score_all([responses[i] for i in text], [tasks[i] for i in text], reward_fn)):
         scores[i] = s
     rewards = [s.value for s in scores]
+    terms = [None if r is None else dict(r.terms) if isinstance(r, Graded) else {name.rpartition(":")[2]: r}
+             for name, r in zip(names, rewards)]
+    shaping = getattr(reward_fn, "shaping", None)
+    if shaping is not None and (shaping.overlong or shaping.length):
+        lengths = pc.list_value_length(table.column("response_ids")).fill_null(0).to_pylist()
+        shaped = shaping_terms(shaping, reward_fn.max_new_tokens, lengths, table.column("group_id").to_pylist(),
+                               [r is not None and is_correct(r) for r in rewards])
+        for name, (weight, values) in shaped.items():
+            for i, value in enumerate(values):
+                if rewards[i] is not None:
+                    rewards[i], terms[i][name] = rewards[i] + weight * value, value
     infos = table.column("info").to_pylist()
     for i, s in enumerate(scores):
         if s.reason is not None:
@@ -54,9 +70,9 @@ def score(table: pa.Table, tasks_by_id: dict[str, Task], reward_fn: RewardFn, re
             info["reward_unavailable" if s.value is None else "reward_reason"] = s.reason
             infos[i] = json.dumps(info, sort_keys=True)
     table = table.set_column(table.schema.get_field_index("info"), "info", pa.array(infos, pa.string()))
-    table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float64()))
-    per_fn = pa.array([None if r is None else [(name, r)] for name, r in zip(names, rewards)],
-                      table.schema.field("rewards").type)
+    table = table.set_column(table.schema.get_field_index("reward"), "reward",
+                             pa.array([None if r is None else float(r) for r in rewards], pa.float64()))
+    per_fn = pa.array([None if t is None else list(t.items()) for t in terms], table.schema.field("rewards").type)
     return table.set_column(table.schema.get_field_index("rewards"), "rewards", per_fn)
 
 
@@ -82,14 +98,16 @@ def greedy_scores(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardF
 
 
 def evaluate(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int) -> dict[str, float]:
-    """Greedy decoding on held-out tasks: accuracy = share of responses with reward 1, the mean
-    reward, the share of responses that ended within ``max_new_tokens`` (``accuracy/finished``) and
+    """Greedy decoding on held-out tasks: accuracy = share of correct responses (``is_correct``: the
+    task's own reward at least its threshold, never the combined total), the mean reward (total),
+    the share of responses that ended within ``max_new_tokens`` (``accuracy/finished``) and
     the accuracy of those (``accuracy/of_finished``, 0 when none did) — a chatty model's
     answer cut off by the budget fails whatever its arithmetic, so the two split format from skill."""
     finished: list[bool] = []
     scores = greedy_scores(engine, tasks, reward_fn, max_new_tokens, finished)
-    correct_finished = sum(s >= 1.0 and f for s, f in zip(scores, finished))
-    return {"accuracy/held_out": sum(s >= 1.0 for s in scores) / len(scores), "accuracy/reward_mean": sum(scores) / len(scores),
+    correct = [is_correct(s) for s in scores]
+    correct_finished = sum(c and f for c, f in zip(correct, finished))
+    return {"accuracy/held_out": sum(correct) / len(scores), "accuracy/reward_mean": sum(scores) / len(scores),
             "accuracy/finished": sum(finished) / len(finished),
             "accuracy/of_finished": correct_finished / max(1, sum(finished))}
 
