@@ -10,6 +10,7 @@ summary = rftflow.run_campaign(cfg, run_dir="runs/demo")  # the Prefect flow; re
 rows = rftflow.read_experiences("runs/demo")              # a pyarrow Table of the stored experiences
 store = rftflow.open_store("runs/demo")                   # the campaign's store: rounds, checkpoints, state
 decision = rftflow.promote(cfg, run_dir="runs/demo")      # the registered version against @champion
+model, tokenizer = rftflow.load_registered_model("models:/rftflow-model/1", "sqlite:///runs/demo/mlflow.db")
 ```
 
 The packages, one per role: ``rftflow.components`` (the loop's parts, no Prefect),
@@ -111,4 +112,18 @@ def promote(config: CampaignConfig | Mapping[str, Any] | str | Path | None = Non
     return decide(preflight(load_config(config, overrides), run_dir), version)
 
 
-__all__ = ["__version__", "load_config", "open_store", "promote", "read_experiences", "run_campaign"]
+def load_registered_model(uri: str, tracking_uri: str):
+    """(model, tokenizer) of a registered version, ``models:/name/3`` or ``models:/name@champion``,
+    from the MLflow registry at ``tracking_uri`` (the campaign's: ``sqlite:///<run dir>/mlflow.db`` by
+    default). A LoRA version (an adapter) comes merged into the base it names, itself a
+    ``models:/…`` version, downloaded the same way: a plain transformers model either way."""
+    import tempfile
+
+    from rftflow.components.campaign.bench import load_bench_model
+
+    with tempfile.TemporaryDirectory() as into:
+        return load_bench_model(uri, None, tracking_uri, Path(into))
+
+
+__all__ = ["__version__", "load_config", "load_registered_model", "open_store", "promote", "read_experiences",
+           "run_campaign"]

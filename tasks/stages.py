@@ -19,10 +19,13 @@ from rftflow.components.buffer.shards import ShardError
 from rftflow.components.buffer.store import StoreUnavailable
 from rftflow.components.campaign.stages import StopRequested
 from rftflow.components.data.contracts import ContractError
+from rftflow.components.data.tasksets import TasksetError
+from rftflow.components.verify.scores import RewardUnavailable
 from rftflow.components.campaign.run import CampaignRun
 
 
-ONE_LINE = (ContractError, StoreUnavailable, ShardError)  # failures whose message is the whole story
+# failures whose message is the whole story; none is retried (bad data, a bad taskset stay bad; the store waited)
+ONE_LINE = (ContractError, StoreUnavailable, ShardError, TasksetError, RewardUnavailable)
 
 
 def one_line_state(error: Exception) -> State:
@@ -32,8 +35,9 @@ def one_line_state(error: Exception) -> State:
 
 
 def worth_retrying(_task, _task_run, state) -> bool:
-    """Retry condition: retry a failed step unless a data contract failed (bad data stays bad) or
-    the store stayed down past its own outage budget (it has waited already)."""
+    """Retry condition: retry a failed step unless its error is deterministic — a data contract or
+    the taskset itself failed (bad data stays bad) — or the store stayed down past its own outage
+    budget (it has waited already)."""
     try:
         state.result()
     except ONE_LINE:

@@ -11,8 +11,11 @@ loaded, with one ``ConfigError`` line naming the culprit:
 - the model: a path that is not a model directory, an unknown built-in (nothing is built or loaded);
 - the algorithm: an unknown preset part or advantage option, a pairwise loss on expert rows;
 - the pipelines: an unknown operator or option, an option value of the wrong type;
-- the taskset: a missing or unreadable task file, too many bad rows, an unknown reasoning-gym
+- the taskset: a missing or unreadable task file, too many bad rows, a missing question or answer
+  column, a question with two answers, too few tasks to hold some out, an unknown reasoning-gym
   dataset or parameter, a prompt template that names a missing field;
+- the rewards: the code reward's sandbox runs; a reward by import path imports, has a reward's
+  signature and scores a sample task (``check_rewards``);
 - sizes that cannot fit (``sizes.check_sizes``): a response past the model's positions, a batch
   whose attention keys, values and logits exceed the memory available;
 - the campaign already in the run dir's store: started with another config (the line lists the
@@ -22,13 +25,13 @@ loaded, with one ``ConfigError`` line naming the culprit:
 
 A store down past ``storage.outage_seconds`` raises ``StoreUnavailable`` (a failure, not bad input).
 
-
 A finished campaign passes: ``Preflight.previous`` tells callers, who then have nothing to do.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -110,19 +113,45 @@ def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = N
         if not algorithm.uses_explorer and cfg.buffer.expert_per_round == 0:
             raise ValueError(f"buffer.expert_per_round must be > 0 for {algorithm.name!r} (it trains on expert "
                              "rows only)")
-        for part, taskset in (cfg.part_tasksets() or {None: cfg.taskset}).items():
-            try:
-                check_taskset(taskset, cfg.contracts)  # it reads the task file or generates a task
-            except ValueError as e:
-                raise ValueError(f"mixture part {part}: {e}" if part else str(e)) from None
+        samples = _checked_tasksets(cfg)  # it reads the task files or generates a task
+        _warn_lora_on_random_base(cfg)
         check_sizes(cfg)  # a response past the model's positions, a batch past the memory
-        check_rewards(cfg.reward, tuple(p.reward for p in cfg.mixture if p.reward))  # the code sandbox runs here
+        check_rewards(cfg, samples)  # the code sandbox runs here; rewards by import path score a sample task
         previous = None if restart else _previous_state(cfg, out)
     except (ConfigError, StoreUnavailable):  # the store down past its outage budget is no bad input
         raise
     except (ValueError, OSError) as e:  # each names its key, file or URL
         raise ConfigError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     return Preflight(cfg, out, algorithm, previous)
+
+
+RANDOM_BASES = ("builtin:tiny", "builtin:tiny-wide")  # built with random weights (components.explore.models)
+
+
+def _warn_lora_on_random_base(cfg: CampaignConfig) -> None:
+    """One line when ``model.lora`` would adapt a randomly initialised model: an adapter on noise
+    samples noise, every reward stays near 0 and the rounds learn nothing, silently."""
+    if cfg.model.lora is not None and cfg.model.path in RANDOM_BASES and cfg.model.path not in _WARNED:
+        _WARNED.add(cfg.model.path)
+        logging.getLogger("rftflow").warning(
+            "model.lora on %s, a randomly initialised model: an adapter on it samples noise and the rounds learn "
+            "nothing; train its full weights first (trainer.warmup_steps without model.lora) and put the adapter on "
+            "that model's directory, or start from a pretrained model (builtin:smollm2-135m-instruct)", cfg.model.path)
+
+
+_WARNED: set[str] = set()
+
+
+def _checked_tasksets(cfg: CampaignConfig) -> dict[str | None, list]:
+    """Each taskset (the campaign's, or each mixture part's) read and checked (``check_taskset``): its
+    tasks by part (None outside a mixture), samples for the rewards' check."""
+    samples = {}
+    for part, taskset in (cfg.part_tasksets() or {None: cfg.taskset}).items():
+        try:
+            samples[part] = check_taskset(taskset, cfg.contracts)
+        except ValueError as e:
+            raise ValueError(f"mixture part {part}: {e}" if part else str(e)) from None
+    return samples
 
 
 def _previous_state(cfg: CampaignConfig, run_dir: Path) -> CampaignState | None:

@@ -2,7 +2,9 @@
 when it is measurably better.
 
 Both versions are evaluated on the same held-out tasks with the same greedy decoding
-(the workflow's ``greedy_scores``). The challenger is promoted when its accuracy beats the champion's by
+(the workflow's ``greedy_scores``); a task is solved when its task's own reward reaches its
+threshold (``rewards.is_correct``; the rule is the tag ``promotion.accuracy_by``). The challenger
+is promoted when its accuracy beats the champion's by
 at least ``promotion.margin`` and an exact one-sided McNemar test on the paired per-task results
 passes: with b = tasks only the champion solves and c = tasks only the challenger solves,
 p = P(X ≥ c), X ~ Binomial(b + c, 1/2) (``scipy.stats.binomtest``), and p < ``promotion.alpha``.
@@ -19,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from rftflow.components.campaign.bench import BenchModelError, eval_engine, held_out
 from rftflow.components.data.tasksets import by_part, taskset_of
 from rftflow.components.explore.workflows import make_workflow
-from rftflow.components.verify.rewards import campaign_rewards
+from rftflow.components.verify.rewards import campaign_rewards, is_correct
 from rftflow.components.campaign.preflight import Preflight
 
 ALIAS = "champion"
@@ -38,6 +40,7 @@ class Decision:
     promoted: bool
     reason: str
     tasksets: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # a mixture: part → (its, champion's)
+    accuracy_by: str = ""  # what accuracy counts (``Rewards.accuracy_rule``)
 
     def line(self) -> str:
         """The decision in one line."""
@@ -139,18 +142,22 @@ def promote(checked: Preflight, version: str | None = None) -> Decision:
             scores = workflow.greedy_scores(engine, [tasks[i] for i in rows], reward_fn, cfg.reward.function,
                                             cfg.eval.max_new_tokens)
             for i, s in zip(rows, scores):
-                out[i] = s >= 1.0
+                out[i] = is_correct(s)
         return out
 
-    if champion == challenger:
-        decision = Decision(name, challenger, champion, float("nan"), None, 0, 0, None, False,
-                            f"v{challenger} is already the champion")
-    else:
-        mine, theirs = solved(challenger), solved(champion) if champion else None
-        decision = decide(name, challenger, mine, champion, theirs,
-                          margin=rules.margin, alpha=rules.alpha, min_accuracy=rules.min_accuracy)
-        decision = guard_regressions(decision, [taskset_of(t) for t in tasks], mine, theirs,
-                                     rules.max_regression)
+    try:
+        if champion == challenger:
+            decision = Decision(name, challenger, champion, float("nan"), None, 0, 0, None, False,
+                                f"v{challenger} is already the champion")
+        else:
+            mine, theirs = solved(challenger), solved(champion) if champion else None
+            decision = decide(name, challenger, mine, champion, theirs,
+                              margin=rules.margin, alpha=rules.alpha, min_accuracy=rules.min_accuracy)
+            decision = guard_regressions(decision, [taskset_of(t) for t in tasks], mine, theirs,
+                                         rules.max_regression)
+    finally:
+        reward_fn.close()
+    decision = replace(decision, accuracy_by=reward_fn.accuracy_rule)
     _record(client, decision, len(tasks))
     if decision.promoted:
         client.set_registered_model_alias(name, ALIAS, challenger)
@@ -160,7 +167,8 @@ def promote(checked: Preflight, version: str | None = None) -> Decision:
 def _record(client, d: Decision, tasks: int) -> None:
     """Tags on the challenger (its evaluation and the decision) and the champion (what it faced)."""
     tags = {"promotion.decision": "promoted" if d.promoted else "rejected", "promotion.reason": d.reason,
-            "promotion.tasks": str(tasks), "promotion.champion": d.champion or "none"}
+            "promotion.tasks": str(tasks), "promotion.champion": d.champion or "none",
+            "promotion.accuracy_by": d.accuracy_by}
     if d.challenger_accuracy == d.challenger_accuracy:  # not NaN
         tags["promotion.accuracy"] = f"{d.challenger_accuracy:.4f}"
     if d.champion_accuracy is not None:

@@ -400,7 +400,7 @@ class CampaignRun:
             "store_url": self.campaign.store.url, "prefect_flow_run_id": self.flow_run_id or "",
             "run_dir": str(self.run_dir), "validation_report": str(report), "validation_report_mlflow": report_uri,
             "attempts": len(self.state.attempts), "resumed_from_round": self.resumed_from, "mode": self.cfg.mode,
-            "promotion": self.promotion, **extra,
+            "promotion": self.promotion, "accuracy_by": self.campaign.reward_fn.accuracy_rule, **extra,
         }
         if self.cfg.retention.after_campaign:
             summary["gc_deleted_objects"] = self.collect_garbage()
@@ -424,6 +424,7 @@ class CampaignRun:
         the state then says running, with this process gone, which a new attempt resumes)."""
         if self.campaign.trainer is not None:
             self.campaign.trainer.release()  # its other processes, if any, end too
+        self.campaign.reward_fn.close()  # its sandbox pool, its worker processes
         self.tracker.finish({"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}[outcome])
         if store_reachable:
             self._end_state(outcome, error)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow
 
@@ -147,6 +148,13 @@ def test_lora_versions_name_their_base_once_load_elsewhere_and_are_promoted(tmp_
     engine = eval_engine("models:/adapted@champion", None, uri, checked.cfg)  # as promotion and `evaluate` load it
     ours = [g[0].text for g in engine.generate([q + "=" for q in questions], max_new_tokens=3, greedy=True)]
     assert answers == ours
+    import rftflow
+
+    model, tokenizer = rftflow.load_registered_model("models:/adapted/2", uri)  # the adapter merged into its base
+    ids = torch.tensor([tokenizer(questions[0] + "=", add_special_tokens=False)["input_ids"]])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
+                         pad_token_id=tokenizer.pad_token_id)
+    assert tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True) == answers[0]
     merged = client.get_model_version("adapted-merged", "1")  # tracking.register_merged: a plain model too
     assert merged.tags["adapter_version"] == "models:/adapted/2"
     engine = eval_engine("models:/adapted-merged/1", None, uri, checked.cfg)

@@ -17,6 +17,7 @@ from rftflow.components.data.experience import experience_id, make_experience, t
 from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.engines import Rollout
 from rftflow.components.explore.workflows.episodes import ChatFormat, Episode, run_episodes
+from rftflow.components.verify.rewards import is_correct
 from rftflow.components.verify.scoring import reward_of
 
 
@@ -107,15 +108,16 @@ class Workflow(ABC):
         return [self.score(e, reward_fn, reward_name) for e in self.greedy_episodes(engine, tasks, max_new_tokens)]
 
     def evaluate(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> dict[str, float]:
-        """Greedy episodes on ``tasks``: ``accuracy/held_out`` = share with reward ≥ 1 (``score``), the
+        """Greedy episodes on ``tasks``: ``accuracy/held_out`` = share correct (``is_correct``), the
         mean reward, the share that finished, the model turns and tool calls per episode."""
         episodes = self.greedy_episodes(engine, tasks, max_new_tokens)
         scores = [self.score(e, reward_fn, reward_name) for e in episodes]
         done = [e.finished for e in episodes]
         n = max(1, len(episodes))
-        return {"accuracy/held_out": sum(s >= 1.0 for s in scores) / n, "accuracy/reward_mean": sum(scores) / n,
+        correct = [is_correct(s) for s in scores]  # the task's own reward at its threshold, not the total
+        return {"accuracy/held_out": sum(correct) / n, "accuracy/reward_mean": sum(scores) / n,
                 "accuracy/finished": sum(done) / n,
-                "accuracy/of_finished": sum(s >= 1.0 and f for s, f in zip(scores, done)) / max(1, sum(done)),
+                "accuracy/of_finished": sum(c and f for c, f in zip(correct, done)) / max(1, sum(done)),
                 "accuracy/turns_mean": sum(e.model_turns for e in episodes) / n,
                 "accuracy/tool_calls": sum(e.tool_calls for e in episodes) / n}
 

@@ -24,6 +24,7 @@ from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.environments import tool_functions, tool_schema
 from rftflow.components.explore.workflows.base import Sampling, Workflow
 from rftflow.components.explore.workflows.episodes import Episode, call_with_timeout
+from rftflow.components.verify.rewards import is_correct
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 HERMES_SYSTEM = (
@@ -86,7 +87,7 @@ class ToolUse(Workflow):
     def act(self, episode: Episode) -> None:
         calls = TOOL_CALL.findall(episode.text)
         if not calls:  # the final answer
-            episode.success = bool(self.reward_fn and self.reward_fn(episode.text, episode.task) >= 1.0)
+            episode.success = bool(self.reward_fn and is_correct(self.reward_fn(episode.text, episode.task)))
             episode.end(finished=True)
             return
         content = "\n".join(f"<tool_response>{self.call(episode, c)}</tool_response>" for c in calls)
