@@ -2,6 +2,7 @@
 in frames on private pipes), the tests refused before anything runs and when they run, the task's
 own helpers, the `calls` format, and the limits on a call."""
 
+import json
 import os
 import re
 import time
@@ -190,3 +191,20 @@ def test_the_calls_format_compares_results_in_the_parent_with_their_types(reward
                            "its call 1 holds a float that is not finite (nan)")]:
         with pytest.raises(ValueError, match=re.escape(reason)):
             check_code_tasks([Task("t-bad", "add", "", "", {"entry_point": "add", "calls": cases})], "tasks.jsonl")
+
+
+def test_a_campaign_whose_tasks_tests_inspect_the_program_is_refused_at_preflight(tmp_path, default_config, small):
+    from rftflow.components.campaign.preflight import preflight
+    from rftflow.components.config import ConfigError
+
+    rows = [{"question": "add two numbers", "answer": "    return a + b\n", "code_prompt": "def add(a, b):\n",
+             "entry_point": "add", "domain": "code", "tests": tests} for tests in (
+        "assert add(2, 3) == 5\n", "import inspect\nassert 'return' in inspect.getsource(add)\n")]
+    rows[1]["question"] = "add two numbers, in source"
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    overrides = [*small, f"taskset.source={path}", "taskset.eval_size=1", "taskset.prompt_template='{question}'",
+                 "reward.function=code"]
+    with pytest.raises(ConfigError, match=re.escape(f"taskset {path}: task ") + r"\w+ cannot be scored by the code "
+                       r"reward: its tests pass add to inspect\.getsource\(\): only calls cross between sandboxes$"):
+        preflight(default_config, tmp_path / "run", overrides)
