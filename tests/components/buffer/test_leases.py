@@ -38,23 +38,41 @@ def test_of_several_processes_claiming_a_shard_at_once_exactly_one_wins(objects)
 
 
 def test_a_renewed_lease_is_kept_and_a_silent_one_is_taken_over(objects):
-    holder = ShardLeases(objects, "c", lease_seconds=0.4, owner="holder")
-    other = ShardLeases(objects, "c", lease_seconds=0.4, owner="other")
+    """Renewals counted, not timed: after each renewal the other process's look finds the lease
+    alive however long it waited; once they stop, the next look past its lease length takes over."""
+    holder = ShardLeases(objects, "c", lease_seconds=3600, owner="holder")  # it renews when told (below)
+    other = ShardLeases(objects, "c", lease_seconds=0.05, owner="other")
     lease = holder.acquire(1, 0)
     assert lease is not None and lease.generation == 0
-    deadline = time.monotonic() + 1.2  # three lease lengths: the holder renews every 0.1 s
-    while time.monotonic() < deadline:
+    assert other.acquire(1, 0) is None  # its first look: the lease is new to it
+    for _ in range(3):
+        time.sleep(0.1)  # longer than the other's lease length: only the renewal keeps the lease
+        holder.renew()
         assert other.acquire(1, 0) is None
-        time.sleep(0.05)
     holder.close()  # the holder stops renewing (it died)
-    deadline = time.monotonic() + 5
-    taken = None
-    while taken is None and time.monotonic() < deadline:
-        taken = other.acquire(1, 0)
-        time.sleep(0.05)
+    time.sleep(0.1)
+    taken = other.acquire(1, 0)
     assert taken is not None and taken.generation == 1
     assert not holder.still_held(lease) and other.still_held(taken)  # the old holder must not commit
     other.close()
+
+
+def test_a_held_lease_is_renewed_by_its_own_thread_until_closed(objects):
+    """The holder's thread rewrites its lease's generation (a new beat) every lease_seconds / 4,
+    counted here in the store, and stops at ``close``."""
+    import json
+
+    holder = ShardLeases(objects, "c", lease_seconds=0.2, owner="holder")
+    lease = holder.acquire(2, 0)
+    beats = [0]
+    deadline = time.monotonic() + 120  # generous: what is asserted is the count, not the pace
+    while beats[-1] < 3 and time.monotonic() < deadline:
+        beats.append(json.loads(objects.get(lease.key))["beat"])
+        time.sleep(0.01)
+    assert beats[-1] >= 3 and beats == sorted(beats), beats  # renewals stored, in order
+    holder.close()
+    holder._beating.join(timeout=120)
+    assert not holder._beating.is_alive()
 
 
 def test_shards_cut_a_round_into_contiguous_slices_and_rows_find_their_shard():
