@@ -1,39 +1,94 @@
 """One import name: the wheel installs ``rftflow`` and nothing else at the top level, with every
-module of the repository's folders and the shipped configs; ``import rftflow`` gives the version
-and the notebook API without importing torch."""
+module of the repository's folders and every data file of configs/ and infra/; installed into a
+fresh virtualenv outside the repository, its ``rftflow`` command runs a round of the default
+campaign from another directory and finds the shipped configs and data; ``import rftflow`` gives
+the version and the notebook API without importing torch."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import SMALL
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("components", "flows", "tasks", "infra", "configs")
+DATA = ("configs", "infra")  # folders whose every file ships, code or not
+NOT_SOURCE = (".git", ".venv*", "__pycache__", "*.egg-info", "build", "dist", "site", "runs", ".pytest_cache")
 
 
-def test_the_wheel_holds_rftflow_alone_with_every_module_and_the_shipped_configs(tmp_path):
-    source = tmp_path / "source"  # a copy: setuptools builds in the source tree (its build/ folder)
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md", "rftflow", *FOLDERS):
-        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
-        copy(ROOT / name, source / name, **({"symlinks": True, "ignore": shutil.ignore_patterns("__pycache__")}
-                                           if copy is shutil.copytree else {}))
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built with pip from a copy of the checkout (setuptools builds in the source tree)."""
+    work = tmp_path_factory.mktemp("wheel")
+    source = work / "source"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
-                            "-w", str(tmp_path)], capture_output=True, text=True)
+                            "-w", str(work)], capture_output=True, text=True)
     assert built.returncode == 0, built.stdout + built.stderr
-    (wheel,) = tmp_path.glob("rftflow-*.whl")
+    (found,) = work.glob("rftflow-*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """A fresh virtualenv outside the repository with the wheel installed (``--no-deps``: its
+    dependencies are this environment's, put on its path by a ``.pth`` line, whose own ``.pth``
+    files, this checkout's editable install among them, are not run); its ``bin``."""
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                           "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return venv / "bin"
+
+
+def test_the_wheel_holds_rftflow_alone_with_every_module_and_data_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {n.split("/")[0] for n in names} == {"rftflow", f"rftflow-{version('rftflow')}.dist-info"}
     for folder in FOLDERS:
         for path in (ROOT / folder).rglob("*"):
-            if path.suffix in (".py", ".yaml", ".sh") and "__pycache__" not in path.parts:
+            if path.is_file() and "__pycache__" not in path.parts and (path.suffix == ".py" or folder in DATA):
                 assert f"rftflow/{path.relative_to(ROOT)}" in names, path
     entry_points = zipfile.ZipFile(wheel).read(f"rftflow-{version('rftflow')}.dist-info/entry_points.txt").decode()
     assert "rftflow = rftflow.flows.cli:main" in entry_points
+
+
+def test_the_installed_wheel_runs_a_round_from_another_directory_with_its_package_data(installed, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PREFECT_API_URL")}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "HOME": str(tmp_path / "home")}
+    code = ("import json, rftflow, importlib.resources as r; "
+            "print(json.dumps({'module': rftflow.__file__, 'files': sorted(str(p.relative_to(r.files('rftflow'))) "
+            "for d in ('configs', 'infra') for p in r.files('rftflow').joinpath(d).rglob('*') if p.is_file() "
+            "and '__pycache__' not in p.parts)}))")
+    shown = subprocess.run([installed / "python", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    found = json.loads(shown.stdout)
+    assert Path(found["module"]).is_relative_to(installed.parent), found["module"]  # the wheel's, not the checkout's
+    shipped = {str(p.relative_to(ROOT)) for d in DATA for p in (ROOT / d).rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert shipped <= set(found["files"]), shipped - set(found["files"])
+
+    run = subprocess.run([installed / "rftflow", "run", "--run-dir", "run", "--no-progress",
+                          *[a for s in (*SMALL, "rounds=1") for a in ("--set", s)]],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "Traceback" not in out, out[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["campaign"] == "arith-mix" and summary["rounds"] == 1
+    assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
 
 
 def test_import_rftflow_is_light_and_has_the_version_and_the_api():
