@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -118,19 +119,30 @@ def summary_line(checked: Preflight) -> str:
 # What a second SIGINT or SIGTERM does while the campaign stops: a command sets it (``rftflow run``:
 # its one line, exit 130 at once); None, as from Python, raises ``KeyboardInterrupt``.
 AT_ONCE: Callable[[int], None] | None = None
+# A signal this soon after the first is the same stop: a launcher (``accelerate launch``, torchrun, the
+# one ``trainer.processes`` starts) passes the terminal's Ctrl-C on to its processes, which the terminal
+# signalled already, within milliseconds; a person's second Ctrl-C comes later
+SAME_STOP_SECONDS = 1.0
 
 
 @contextmanager
 def stop_on_signals(stop: StopFlag) -> Iterator[None]:
-    """SIGINT and SIGTERM ask the campaign to stop at its next safe point; a second one stops at once
-    (``AT_ONCE``). With ``AT_ONCE`` set, a stopping campaign leaves its handlers in place, so a
-    signal during the rest of the shutdown stops at once too."""
+    """SIGINT and SIGTERM ask the campaign to stop at its next safe point; a second one (past
+    ``SAME_STOP_SECONDS``) stops at once (``AT_ONCE``). With ``AT_ONCE`` set, a stopping campaign
+    leaves its handlers in place, so a signal during the rest of the shutdown stops at once too."""
+    first = math.inf  # when the first signal came
+
     def request(signum, _frame) -> None:
-        if stop.reason:
-            if AT_ONCE is not None:
-                AT_ONCE(signum)
-            raise KeyboardInterrupt
-        stop.reason = signal.Signals(signum).name
+        nonlocal first
+        if first == math.inf:
+            first = time.monotonic()
+            stop.reason = stop.reason or signal.Signals(signum).name  # (or a cancel in Prefect came first)
+            return
+        if time.monotonic() - first < SAME_STOP_SECONDS:
+            return
+        if AT_ONCE is not None:
+            AT_ONCE(signum)
+        raise KeyboardInterrupt
 
     try:
         previous = {s: signal.signal(s, request) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -39,9 +39,13 @@ class Crash(Exception):
     """The process dies here (nothing after it runs)."""
 
 
-def _cut_warm_start(run: CampaignRun, at: int, stop: bool) -> None:
-    """Prepare, then the warm start until step ``at``: asked to stop there (Ctrl-C), or gone (a crash)."""
+def _cut_warm_start(run: CampaignRun, at: int, stop: bool) -> int:
+    """Prepare, then the warm start until step ``at``: asked to stop there (Ctrl-C), or gone (a crash).
+    The first step it took."""
+    steps = []
+
     def hook(step: int, _metrics) -> None:
+        steps.append(step)
         if step == at:
             if not stop:
                 raise Crash
@@ -51,6 +55,7 @@ def _cut_warm_start(run: CampaignRun, at: int, stop: bool) -> None:
     run.prepare(0)
     with pytest.raises(StopRequested if stop else Crash):
         run.warm_start(0)
+    return steps[0]
 
 
 def test_a_warm_start_cut_part_way_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(start):
@@ -58,16 +63,18 @@ def test_a_warm_start_cut_part_way_resumes_from_its_checkpoint_and_ends_as_an_un
     _through_the_warm_start(reference)
     assert reference.campaign.weight_store.warm_starts() == []  # retired by the checkpoint after the warm start
     expected = _state(reference)
-    for name, at, stop, resumes_after in (("stopped", 17, True, 17), ("crashed", 25, False, 20)):
-        _cut_warm_start(start(name), at, stop)
-        resumed = start(name)
-        assert [m["step"] for m in resumed.campaign.weight_store.warm_starts()] == [resumes_after]
-        assert resumed.fresh  # no round's checkpoint yet: prepare and the warm start come again
-        _through_the_warm_start(resumed)
-        history = resumed.tracker.client.get_metric_history(resumed.tracker.run_id, "warmup/resumed_from_step")
-        assert [m.value for m in history] == [resumes_after], name
-        state = _state(resumed)
-        assert state.keys() == expected.keys()
-        for key, value in expected.items():  # equal, not close: weights, optimizer, RNG, data order, LR
-            assert torch.equal(value, state[key]), (name, key)
-        assert resumed.campaign.weight_store.warm_starts() == []
+    # stopped at step 17 (checkpointed there), then resumed and crashed at step 25 (its newest: step 20)
+    for at, stop, first, newest in ((17, True, 1, 17), (25, False, 18, 20)):
+        run = start("cut")
+        assert run.fresh  # no round's checkpoint yet: prepare and the warm start come again
+        assert _cut_warm_start(run, at, stop) == first
+        assert [m["step"] for m in run.campaign.weight_store.warm_starts()] == [newest]
+    resumed = start("cut")
+    _through_the_warm_start(resumed)
+    history = resumed.tracker.client.get_metric_history(resumed.tracker.run_id, "warmup/resumed_from_step")
+    assert [m.value for m in history] == [20]
+    state = _state(resumed)
+    assert state.keys() == expected.keys()
+    for key, value in expected.items():  # equal, not close: weights, optimizer, RNG, data order, LR
+        assert torch.equal(value, state[key]), key
+    assert resumed.campaign.weight_store.warm_starts() == []
