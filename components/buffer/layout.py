@@ -17,6 +17,10 @@ Object layout under ``<campaign>/`` (every Parquet shard committed with a marker
     quarantine/failed/round=N/part-*.parquet           the bad rows of a round that failed its contract
     checkpoints/vNNNNNN/                               weights (a Hugging Face model dir), optimizer,
                                                        RNG and buffer state; checkpoint.json commits it
+    checkpoints/corrupt/vNNNNNN-<UTC time>/            a checkpoint found corrupt, set aside with
+                                                       corrupt.json (why) until ``buffer gc``
+    warm_start/sNNNNNNNN/                              the warm start's own checkpoint after NNNNNNNN
+                                                       steps (the newest; gone after the next checkpoint)
     weights/vNNNNNN/model.safetensors                  published policy weights (sync.method=checkpoint);
                                                        weights.json commits a version
     weights/latest.json                                the newest published version (a pointer)
