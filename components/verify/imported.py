@@ -158,6 +158,8 @@ def _serve(conn, path: str, options: dict[str, Any]) -> None:
             break
         conn.send([Score(None, failure)] * len(responses) if failure
                   else score_rows(reward, kind, path, declared, responses, tasks))
+    if failure is None and kind == "class" and callable(getattr(reward, "close", None)):
+        reward.close()
 
 
 class _Worker:
@@ -183,7 +185,7 @@ class _Worker:
             self.close()
             return [Score(None, self._died(path))] * len(responses)
         if not self.conn.poll(timeout):
-            self.close()
+            self.close(wait=0)
             return [Score(None, f"{path} timed out after {timeout:g} s (reward.timeout_seconds)")] * len(responses)
         try:
             return self.conn.recv()
@@ -198,8 +200,10 @@ class _Worker:
     def alive(self) -> bool:
         return self.process.is_alive()
 
-    def close(self) -> None:
+    def close(self, wait: float = 5.0) -> None:
+        """End the process: its pipe closed, it closes its reward and exits; killed after ``wait`` s."""
         self.conn.close()
+        self.process.join(wait)
         if self.process.is_alive():
             self.process.kill()
         self.process.join()

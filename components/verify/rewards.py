@@ -15,6 +15,8 @@
   the response's final answer must be a number too: math-verify evaluates expressions, so
   "47 + 38" would equal 85 and restating the question would score 1 (a policy learns that in a
   few rounds).
+- ``vision``: the whole response is the picture's short answer, a number equal as a number
+  (``verify.vision``).
 - ``package.module:name``: a team's own reward (``verify.imported``).
 
 A task's own reward (its mixture part's, else its domain's, else ``reward.function``) is its
@@ -115,7 +117,9 @@ def _reward(name: str, cfg: RewardConfig, taskset_source: str, options: dict | N
         return RewardModelReward(cfg.reward_model)
     if name == "format":
         return FunctionReward(name, format_reward(cfg.format.pattern))
-    functions = {"exact_match": exact_match, "math_verify": math_verify, "math": math_answer,
+    from rftflow.components.verify.vision import vision_answer
+
+    functions = {"exact_match": exact_match, "math_verify": math_verify, "math": math_answer, "vision": vision_answer,
                  # scored from the episode's step rewards (``scoring.reward_of``), not its text
                  "env_return": lambda response, task: 0.0}
     if name in functions:
@@ -317,11 +321,21 @@ def check_rewards(cfg, samples: dict[str | None, list[Task]] | None = None) -> N
         for part, part_tasks in (samples or {}).items():  # tests two sandboxes cannot run: refused, with why
             where = f"of mixture part {part}" if part else getattr(getattr(cfg, "taskset", None), "source", "")
             check_code_tasks(part_tasks, where)
-    imported = [(t.reward, t.options) for t in rc.terms() if IMPORT_PATH.fullmatch(t.reward)]
-    imported += [(name, rc.options) for name in sorted(used - {t.reward for t in rc.terms()})
-                 if IMPORT_PATH.fullmatch(name)]
-    tasks = [t for part_tasks in (samples or {}).values() for t in part_tasks[:1]]
-    for name, options in imported:
+    tasksets = {} if isinstance(cfg, RewardConfig) else {None: cfg.taskset, **cfg.part_tasksets()}
+
+    def own(part: str | None, task: Task) -> str:  # as ``Rewards.reward_of`` picks a task's own reward
+        if parts.get(part):
+            return parts[part]
+        domain = task.metadata.get("domain") or getattr(tasksets.get(part), "domain", None)
+        return rc.domains.get(domain, rc.function) if domain else rc.function
+
+    everyone = [ts[0] for ts in (samples or {}).values() if ts]
+    imported = [(t.reward, t.options, everyone) for t in rc.terms() if IMPORT_PATH.fullmatch(t.reward)]
+    for name in sorted(used - {t.reward for t in rc.terms()}):
+        if IMPORT_PATH.fullmatch(name):  # a sample task it scores, if the samples hold one
+            scored = next(([t] for part, ts in (samples or {}).items() for t in ts if own(part, t) == name), [])
+            imported.append((name, rc.options, scored))
+    for name, options, tasks in imported:
         try:
             reward = ImportedReward(name, options, timeout_seconds=rc.timeout_seconds, workers=rc.workers)
         except RewardLoadError as e:

@@ -79,6 +79,11 @@ def test_a_reward_failing_on_a_sample_task_fails_the_check_and_options_reach_onl
     with pytest.raises(ValueError, match=r"cannot be made with reward options \{'weight': 1\}"):
         check_rewards(RewardConfig(function=f"{TEAM}:Partial", options={"weight": 1}), {None: [SUM]})
     check_rewards(RewardConfig(function=f"{TEAM}:last_number"), {None: [SUM]})  # the gold answer scores: passes
+    by_domain = RewardConfig(function="exact_match", domains={"code": f"{TEAM}:raises"})
+    math, code = Task("m", "q", "q", "boom"), Task("c", "q", "q", "1", {"domain": "code"})
+    check_rewards(by_domain, {None: [math, code]})  # called on a task of its domain only
+    with pytest.raises(ValueError, match="raises raised ZeroDivisionError"):
+        check_rewards(by_domain, {None: [math, Task("c", "q", "q", "boom", {"domain": "code"})]})
 
 
 def test_preflight_refuses_a_reward_that_cannot_import_in_one_line(tmp_path):
