@@ -116,6 +116,10 @@ def test_such_rows_are_quarantined_with_the_reason_and_the_others_kept():
     reasons = checked.verdict.quarantined.column("reason").to_pylist()
     assert checked.verdict.counts == {"rows": 4, "accepted": 2, "quarantined": 2}
     assert reasons == [f"reward unavailable: {TEAM}:raises raised ZeroDivisionError: division by zero"] * 2
+    from rftflow.components.data.contracts import ContractError, enforce
+
+    with pytest.raises(ContractError, match=r"round 1 experiences: 2 of 4 rows .*reward unavailable: .*raises raised"):
+        enforce(checked.verdict, 0.1, "round 1 experiences")  # repeated failures stop the round, as a bad sandbox's
 
 
 def test_a_timed_out_call_is_killed_and_its_rows_quarantined_while_the_others_score():
