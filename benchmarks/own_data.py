@@ -11,7 +11,6 @@ and the one-sided exact McNemar p-value. Prints a markdown table (docs/benchmark
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -26,7 +25,7 @@ EXAMPLE = ROOT / "docs" / "examples" / "own-data"
 
 
 def campaign(seed: int, work: Path, threads: int, sets: list[str]) -> dict:
-    """One seed's campaign in its own folder; its summary and wall seconds."""
+    """One seed's campaign in its own folder, and its wall seconds."""
     folder = work / f"seed{seed}"
     shutil.copytree(EXAMPLE, folder)
     env = {**os.environ, "PYTHONPATH": str(folder), "HOME": str(folder / "home")}
@@ -37,9 +36,9 @@ def campaign(seed: int, work: Path, threads: int, sets: list[str]) -> dict:
                            "--run-dir", "runs/word-problems", "--no-progress"],
                           cwd=folder, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"seed {seed}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return {"seed": seed, "folder": folder, "wall": time.monotonic() - started, "sets": sets,
-            "summary": json.loads((folder / "runs" / "word-problems" / "summary.json").read_text())}
+        raise SystemExit(f"seed {seed}: exit {done.returncode} (its folder kept: {folder})\n"
+                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return {"seed": seed, "folder": folder, "wall": time.monotonic() - started, "sets": sets}
 
 
 def paired(result: dict) -> dict:
@@ -56,13 +55,13 @@ def paired(result: dict) -> dict:
     from rftflow.components.verify.rewards import campaign_rewards, is_correct
 
     cfg = load_config(folder / "campaign.yaml", [f"seed={result['seed']}", *result["sets"]])
-    run_dir, summary = folder / "runs" / "word-problems", result["summary"]
+    run_dir = folder / "runs" / "word-problems"
     tasks = load_tasks(cfg.taskset, cfg.seed, cfg.contracts).held_out
     rewards = campaign_rewards(cfg)
     store = WeightStore(open_run_store(cfg.storage, run_dir), cfg.name)
 
     def solved(ref: str) -> list[bool]:
-        engine = eval_engine(ref, store, summary["mlflow_tracking_uri"], cfg)
+        engine = eval_engine(ref, store, f"sqlite:///{run_dir / 'mlflow.db'}", cfg)
         workflow = make_workflow(cfg, engine.tokenizer, reward_fn=rewards)
         return [is_correct(s) for s in workflow.greedy_scores(engine, tasks, rewards, cfg.reward.function,
                                                               cfg.eval.max_new_tokens)]
@@ -92,11 +91,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="campaigns at once")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each campaign")
     parser.add_argument("--set", dest="sets", action="append", default=[], help="a config override (smoke sizes)")
+    parser.add_argument("--work", help="the folder the seeds run in, kept (default: a temporary one, removed after)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="own-data-") as work:
-        with ThreadPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(lambda s: campaign(s, Path(work), args.threads, args.sets), args.seeds))
-        report(results)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="own-data-"))
+    with ThreadPoolExecutor(args.jobs) as pool:  # a failed seed leaves the folders for a look
+        results = list(pool.map(lambda s: campaign(s, work, args.threads, args.sets), args.seeds))
+    report(results)
+    if not args.work:
+        shutil.rmtree(work)
 
 
 if __name__ == "__main__":
