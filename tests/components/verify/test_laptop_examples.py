@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rftflow.components.config import RewardConfig, TasksetConfig
 from rftflow.components.data.tasksets import Task
 from rftflow.components.verify.rewards import is_correct, make_rewards
@@ -49,6 +51,7 @@ def test_the_local_judge_grades_through_the_judge_reward():
         server.wait()
 
 
+@pytest.mark.slow  # trains the example's classifier, 300 steps
 def test_the_example_reward_model_scores_and_counts_correct_at_its_decision_boundary(tmp_path):
     script = EXAMPLES / "reward-model" / "make_reward_model.py"
     made = subprocess.run([sys.executable, str(script), str(tmp_path / "rm"),
