@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
@@ -667,6 +668,7 @@ def main() -> None:
     finalize (no server, no background writer, no atexit work)."""
     gc.disable()
     code = 0
+    atexit.register(_signals_ignored_at_the_end)  # registered first: run last
     _StopAtOnce(" ".join(["rftflow", *sys.argv[1:2]])).install()  # Ctrl-C: one line, exit 130 (``run``: its own)
     try:
         app()
@@ -683,6 +685,15 @@ def main() -> None:
 
 
 NOTHING_TO_FINALIZE = ("status", "buffer", "ingest", "config")
+
+
+def _signals_ignored_at_the_end() -> None:
+    """The last exit function, after the threads were joined and the others ran: from here the
+    interpreter puts the default SIGINT and SIGTERM actions back (all but an ignored signal's), and
+    a Ctrl-C would kill the process by the signal, not exit 130 (its stop's line already out).
+    Ignored, a late one goes with the process; until here ``_StopAtOnce`` answers them."""
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, signal.SIG_IGN)
 
 
 def _collector_on() -> None:

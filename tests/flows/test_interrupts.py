@@ -37,16 +37,19 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_every_time_and_the_campaign_r
     args = ["run", "--run-dir", str(run_dir), *sets(*SMALL, "name=twice", "rounds=3", "trainer.warmup_steps=300",
                                                     "trainer.warmup_checkpoint_every=20")]
     # the second Ctrl-C this long after the first: the same stop (a launcher passing the first on), while the
-    # campaign stops, while it shuts down
+    # campaign stops, once its stop's line is out (the interpreter's teardown), a while later
     lines = []
-    for trial, pause in enumerate((0.0, 1.2, 2.0, 3.0)):
+    for trial, pause in enumerate((0.0, 1.2, "its line", 3.0)):
         run = UserRun(args, env=embedded_env, tty=True)
         run.wait_for("warm start" if trial < 2 else "rounds")  # its bars: the campaign is under way
         if trial == 1:  # meanwhile the same command is refused: another attempt holds the campaign
             code, out = run_to_end([*args, "--no-progress"], env=embedded_env)
             assert code == 2 and re.search(r"error: campaign 'twice' is running now \(pid \d+", out), out[-3000:]
         run.interrupt()
-        time.sleep(pause)
+        if pause == "its line":
+            run.wait_for("stopped:", timeout=120)
+        else:
+            time.sleep(pause)
         try:
             run.interrupt()
         except ProcessLookupError:  # it had ended: one Ctrl-C was enough
@@ -106,3 +109,19 @@ def test_a_warm_start_killed_part_way_resumes_from_its_checkpoint_to_an_uninterr
     assert resumed == [killed_at]  # from its checkpoint, not its first step
     assert _model_sha(cut) == _model_sha(whole)  # the same weights, bit for bit
     assert store.warm_starts() == []  # retired by the checkpoint after the warm start
+
+
+def test_ctrl_c_in_the_interpreters_last_steps_never_kills_the_command_by_the_signal(cli_env, tmp_path):
+    """Python puts the default SIGINT action back at the very end of its teardown: a Ctrl-C there
+    killed the command by the signal (-2, not 130) after its line was out."""
+    for _ in range(5):
+        run = UserRun(["run", "--run-dir", str(tmp_path / "run"), "--set", "nope=1"], env=cli_env)
+        run.wait_for("error:")  # refused (2); its teardown under way: Ctrl-C pressed again and again
+        while run.proc.poll() is None:
+            try:
+                run.interrupt()
+            except ProcessLookupError:
+                break
+            time.sleep(0.0005)
+        code, out = run.finish()
+        assert code in (2, 130) and "Traceback" not in out, (code, out)
