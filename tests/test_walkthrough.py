@@ -1,8 +1,8 @@
 """docs/own-data.md ("Train on your data") run as written: its ``bash`` blocks, in order, in a
 temporary folder outside the repository holding a copy of docs/examples/own-data, the team's module
 reachable only through the page's ``PYTHONPATH``. Only the campaign's size is cut (``rftflow run``
-gets ``--set`` overrides appended: a few warm-start steps and 2 rounds); every command and file is
-the page's. The error line the page quotes for a module off ``PYTHONPATH`` is checked too."""
+gets ``--set`` overrides appended: a few warm-start steps, 2 rounds, 20 held-out tasks); every
+command and file is the page's. The error line the page quotes for a module off ``PYTHONPATH`` is checked too."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow  # a campaign through the CLI
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "own-data.md"
-SMALLER = ("--set trainer.warmup_steps=30 --set rounds=2 --set explorer.tasks_per_round=8 --set eval.every=2 "
-           "--set threads=1")
+SMALLER = ("--set trainer.warmup_steps=20 --set rounds=2 --set explorer.tasks_per_round=8 --set eval.every=2 "
+           "--set taskset.eval_size=20 --set threads=1")
 
 
 def bash_blocks(page: Path) -> list[str]:
