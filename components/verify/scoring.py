@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.engines import HFRolloutEngine
-import pyarrow.compute as pc
-
 from rftflow.components.verify.rewards import Graded, RewardFn, is_correct
 from rftflow.components.verify.scores import RewardUnavailable, Score
 from rftflow.components.verify.shaping import shaping_terms
