@@ -17,6 +17,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,7 +25,7 @@ import rftflow.flows  # noqa: F401  (quiet service defaults)
 from rftflow.components.campaign.stages import Campaign
 from rftflow.components.explore.workflows import Sampling
 
-CONFIG = "configs/guess-number.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "guess-number.yaml"
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ round). Prints one JSON line: the card, held-out greedy success before and after
 success of the first and last 10 rounds, the worst log-prob difference, the seconds.
 
     python benchmarks/gpu_episodes.py              # 100 rounds
-    ROUNDS=2 python benchmarks/gpu_episodes.py     # a smoke run (also on CPU)
+    ROUNDS=2 python benchmarks/gpu_episodes.py     # a short run (also on CPU)
+    SMOKE=1 ROUNDS=1 python benchmarks/gpu_episodes.py   # the smallest run (tests): 8 held-out games, 4 a round
 """
 import copy, importlib.util, json, statistics, sys, time
 print(sys.version.split()[0])
@@ -16,6 +17,8 @@ import torch
 import os
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ROUNDS = int(os.environ.get("ROUNDS", "100"))
+SMOKE = os.environ.get("SMOKE") == "1"
+HELD, GAMES, WARM = (8, 4, 2) if SMOKE else (128, 32, 50)  # held-out games, games a round, warm-start steps
 CARD = torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu"
 print("torch", torch.__version__, CARD)
 torch.manual_seed(0)
@@ -33,7 +36,7 @@ from rftflow.components.verify.rewards import campaign_rewards
 cfg = CampaignConfig.model_validate({"taskset": {"source": "builtin:guess_number", "workflow": "multi_turn"},
                                      "reward": {"function": "env_return"}, "workflow": {"max_turns": 6}})
 tasks = [_to_task(e, "guess {low}-{high}:") for e in builtin_task_entries("guess_number", {}, 4000, 0)]
-train, held = tasks[128:], tasks[:128]
+train, held = tasks[128:], tasks[:HELD]
 model, tok = load_model("builtin:tiny")
 engine = HFRolloutEngine(copy.deepcopy(model).to(DEV), tok)
 workflow = make_workflow(cfg, tok, reward_fn=campaign_rewards(cfg), context_limit=256)
@@ -42,13 +45,13 @@ trainer = Trainer(model, tok.pad_token_id, TrainerConfig(micro_batch_size=64, lr
                   resolve("grpo", lr_scale=0.3))
 print("trainer device", trainer.accelerator.device)
 start = time.perf_counter()
-trainer.warm_start([expert[i:i + 64] for i in range(0, 50 * 64, 64) if expert[i:i + 64]][:50], 2e-3)
+trainer.warm_start([expert[i:i + 64] for i in range(0, WARM * 64, 64) if expert[i:i + 64]][:WARM], 2e-3)
 engine.load_state_dict({k: v.detach().clone() for k, v in trainer.unwrapped.state_dict().items()})
 before = workflow.evaluate(engine, held, None, "env_return", 4)["accuracy/held_out"]
 success = []
 worst = 0.0
 for r in range(1, ROUNDS + 1):
-    rows = workflow.explore(engine, train[(r - 1) * 32 % 3800:][:32], campaign="gpu", round_no=r, repeat_times=8,
+    rows = workflow.explore(engine, train[(r - 1) * GAMES % 3800:][:GAMES], campaign="gpu", round_no=r, repeat_times=8,
                             temperature=1.0, max_new_tokens=4, model_version=r).to_pylist()
     for row in rows:
         row["reward"] = float(sum(row["step_rewards"] or ()))

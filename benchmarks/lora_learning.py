@@ -33,7 +33,7 @@ COMMON = ["promotion.after_campaign=false", "checkpoint.every=100000"]
 
 def base_model(args: argparse.Namespace, seed: int, root: Path) -> Path:
     """The config's warm start with full weights, saved as the seed's base model."""
-    base = Campaign(args.config, root / f"base-{seed}", [f"seed={seed}", f"threads={args.threads}", *COMMON])
+    base = Campaign(args.config, root / f"base-{seed}", [f"seed={seed}", f"threads={args.threads}", *COMMON, *args.set])
     base.prepare()
     base.warm_start()
     out = root / f"base-model-{seed}"
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace, seed: int, root: Path):
     for name, overrides in variants.items():
         c = Campaign(args.config, root / f"{name}-{seed}", [
             f"seed={seed}", f"threads={args.threads}", f"model.path={base}", "trainer.warmup_steps=0",
-            f"rounds={args.rounds}", *COMMON, *overrides])
+            f"rounds={args.rounds}", *COMMON, *args.set, *overrides])
         c.prepare()
         c.warm_start()
         before = c.evaluate()["accuracy/held_out"]
@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=32.0)
     parser.add_argument("--lora-lr", type=float, default=5e-3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="An override for every run.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         for seed in args.seeds:

@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=300, help="warm-start steps")
     parser.add_argument("--set", action="append", default=[], help="config override, key=value")
+    parser.add_argument("--no-openai", action="store_true", help="leave out the openai engine rows (no vLLM server)")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     base = [f"rounds={args.rounds}", f"trainer.warmup_steps={args.warmup}", "eval.every=1000",
@@ -60,7 +61,7 @@ def main() -> None:
         results["both"] = timed_campaign(Path(work), "both", base, "both")
         results["async"] = timed_campaign(Path(work), "async", [*base, f"threads={max(1, cores // 2)}",
                                                                 "sync.offset=1"], "async")
-        if vllm_available():  # the explorer samples from a vLLM CPU server (weights reloaded after each sync)
+        if not args.no_openai and vllm_available():  # the explorer samples from a vLLM CPU server (reloaded per sync)
             from rftflow.components.explore.models import resolve_model_path
 
             with vllm_server(resolve_model_path("builtin:tiny"), served_model="tiny", threads=max(1, cores // 2),
@@ -71,7 +72,7 @@ def main() -> None:
                 # async: the server generates round t + 1 while this process trains round t
                 results["async, openai engine (vLLM CPU)"] = timed_campaign(Path(work), "async", [
                     *served, "sync.offset=1"], "openai-async")
-        else:
+        elif not args.no_openai:
             print(f"(no vLLM CPU env at {VLLM_VENV}: the openai engine row is left out; infra/vllm_cpu_env.sh builds it)")
     print(f"\n{args.rounds} rounds of the default campaign after {args.warmup} warm-start steps, {cores} cores\n")
     print("| mode | rounds wall s | held-out accuracy | max staleness |")

@@ -43,12 +43,12 @@ from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.campaign.run import CampaignRun
 from rftflow.flows.orchestration import task_run_span
 from rftflow.components.train.trainer import Trainer
-from vs_trl import LR as TRL_LR, WORK as TRL_WORK  # benchmarks/ is on sys.path when a script in it runs
+from vs_trl import LR as TRL_LR, work as trl_work  # benchmarks/ is on sys.path when a script in it runs
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "arith-mix.yaml"
 SETTINGS = {
     "default": [],
-    "trl-sized": [*TRL_WORK, f"trainer.lr={TRL_LR}", "explorer.max_new_tokens=8"],
+    "trl-sized": [*trl_work(), f"trainer.lr={TRL_LR}", "explorer.max_new_tokens=8"],
 }
 STEPS_IN_ROUNDS = (*(s.value for s in ROUND), "evaluate", "checkpoint")
 FIRST_ROUND = 2  # round 1 also pays one-time costs (the taskset read into memory): not counted
@@ -92,8 +92,9 @@ class Timers:
 
         def reward_factory(make):
             def made(*a, **k):
-                fn = make(*a, **k)
-                return compute("reward")(fn)
+                rewards = make(*a, **k)
+                rewards.score_many = compute("reward")(rewards.score_many)  # the campaign scores through it
+                return rewards
             return made
         wrap(campaign_module, "campaign_rewards", reward_factory)
 

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import rftflow.flows  # noqa: E402,F401  (quiet service defaults)
 
 CONFIG = ROOT / "configs" / "arith-mix.yaml"
+ORDER = {False: (1, 2, 2, 1), True: (1, 2)}  # the counts run, in order: ABBA; a smoke run once each
 
 
 def server_pool(args, work: Path) -> list[tuple[str, int, float]]:
@@ -59,10 +60,10 @@ def server_pool(args, work: Path) -> list[tuple[str, int, float]]:
     _, tokenizer = load_model(args.model)
     prompts = [f"{a} + {b} =" for a, b in zip(range(args.prompts), range(7, 7 + args.prompts))]
     rates: dict[int, list[float]] = {1: [], 2: []}
-    with vllm_servers(model_dir, 2, threads=1, served_model="m", log_dir=work, eager=False) as servers:
+    with vllm_servers(model_dir, 2, threads=1, served_model="m", log_dir=work, eager=args.smoke) as servers:
         engines = {1: OpenAIRolloutEngine([servers[0].url], "m", tokenizer),
                    2: OpenAIRolloutEngine([s.url for s in servers], "m", tokenizer)}
-        for _ in range(2):
+        for _ in range(1 if args.smoke else 2):
             for engine in engines.values():
                 engine.generate(prompts, n=args.n, max_new_tokens=args.tokens)
         for _ in range(args.repeats):
@@ -202,7 +203,7 @@ def trainer_scaling(args, work: Path) -> list[tuple[str, int, float, float]]:
     moves 2, so the model's step is S_2 + 1.5 A(2)."""
     runs: dict[int, list[dict]] = {1: [], 2: []}
     apart, sharded = [], []
-    for processes in (1, 2, 2, 1):  # ABBA, as for the explorers
+    for processes in ORDER[args.smoke]:  # ABBA, as for the explorers
         runs[processes] += trainer_run(processes, args, work)
         figures = runs[processes][-1]
         print(f"{processes} trainer process(es): {figures['rows_per_step'] / figures['step_seconds']:.1f} samples/s "
@@ -247,9 +248,14 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=64, help="trainer: rows a micro-batch (an optimizer step)")
     parser.add_argument("--train-rounds", type=int, default=3, help="trainer: timed rounds")
     parser.add_argument("--fsdp", action="store_true", help="trainer: and 2 processes that shard the model")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run that prints every table (tests): "
+                        "each count once, eager servers, 2 rounds of 4 tasks, one timed call and round")
     parser.add_argument("--train-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.prompts, args.n, args.tokens, args.repeats, args.rounds, args.tasks = 4, 2, 4, 1, 2, 4
+        args.rows, args.micro, args.train_rounds = 16, 8, 1
     if args.train_worker:
         train_worker(args)
         return
@@ -276,7 +282,7 @@ def main() -> None:
         else:
             print(f"(no vLLM CPU env at {VLLM_VENV}: the server pool rows are left out; infra/vllm_cpu_env.sh builds it)")
         explored: dict[int, list[float]] = {1: [], 2: []}
-        for processes in (1, 2, 2, 1):  # ABBA: a drift of the machine's speed falls on both alike
+        for processes in ORDER[args.smoke]:  # ABBA: a drift of the machine's speed falls on both alike
             explored[processes].append(explorer_samples_per_second(processes, args, Path(work)))
             print(f"{processes} explorer process(es): {explored[processes][-1]:.1f} samples/s", flush=True)
         rows += [("explorer processes", count, statistics.mean(r)) for count, r in explored.items()]

@@ -73,7 +73,9 @@ def main() -> None:
           f"({one_s / chunked_s:.2f}x); largest last-logit difference {apart:.1e}")
 
     prompt = encoded[0]
-    rows = [{"prompt_ids": prompt, "response_ids": [int(t) for t in torch.randint(100, 1000, (args.response_tokens,))],
+    vocab = min(1000, model.config.vocab_size)  # token ids the model has (builtin:tiny's vocabulary is small)
+    rows = [{"prompt_ids": prompt, "response_ids": [int(t) for t in torch.randint(vocab // 10, vocab,
+                                                                                  (args.response_tokens,))],
              "response_logprobs": [-2.0] * args.response_tokens, "source": "explorer", "reward": 0.0,
              "group_id": f"g{i // 4}"} for i in range(args.rows)]
     steps = [list(range(args.rows))]

@@ -66,7 +66,8 @@ def experience_table(rows: int, first: int, rng: np.random.Generator) -> pa.Tabl
         "created_at": pa.array([datetime.now(timezone.utc)] * rows, pa.timestamp("us", tz="UTC")),
         "info": pa.array(['{"steps": 1}'] * rows),
     }
-    return pa.table(columns).cast(SCHEMA)
+    columns |= {f.name: pa.nulls(rows, f.type) for f in SCHEMA if f.name not in columns}  # unused here: null
+    return pa.table({f.name: columns[f.name] for f in SCHEMA}).cast(SCHEMA)
 
 
 def run(store, tables: list[pa.Table], workers: int, repeat: int) -> dict[str, float]:

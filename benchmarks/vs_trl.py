@@ -95,14 +95,18 @@ LR = 1e-3  # the issue's setting
 REAL_TASK = ["taskset.prompt_template='Question: what is {expression}? Answer:'", "reward.function=math_verify"]
 
 
+def work() -> list[str]:
+    """The work above as rftflow config keys (over configs/arith-mix.yaml), but for the new tokens."""
+    return ["algorithm.name=grpo", "algorithm.lr_scale=1", "buffer.expert_per_round=0",
+            f"explorer.tasks_per_round={PROMPTS}", f"explorer.repeat_times={GROUP}",
+            "trainer.min_lr=null", "trainer.weight_decay=0.0", f"trainer.micro_batch_size={PROMPTS * GROUP}"]
+
+
 def overrides(model_dir: str, tokens: int, steps: int, seed: int, threads: int, lr: float = LR,
               real: bool = False) -> list[str]:
     """rftflow's config for one run of the work above (``real``: a pretrained model's task)."""
-    work = ["algorithm.name=grpo", "algorithm.lr_scale=1", "buffer.expert_per_round=0",
-            f"explorer.tasks_per_round={PROMPTS}", f"explorer.repeat_times={GROUP}",
-            "trainer.min_lr=null", "trainer.weight_decay=0.0", f"trainer.micro_batch_size={PROMPTS * GROUP}"]
     task = [*REAL_TASK, f"eval.max_new_tokens={tokens}"] if real else []
-    return [f"model.path={model_dir}", *work, *task, f"trainer.lr={lr}", f"explorer.max_new_tokens={tokens}",
+    return [f"model.path={model_dir}", *work(), *task, f"trainer.lr={lr}", f"explorer.max_new_tokens={tokens}",
             "trainer.warmup_steps=0", f"rounds={steps}", f"seed={seed}", f"threads={threads}", f"eval.every={steps}",
             f"checkpoint.every={steps}", "promotion.after_campaign=false"]
 
