@@ -46,12 +46,12 @@ SMALL = ("rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup
 # 12 minutes each on 2 cores): under `-n 2 --dist loadfile` (pyproject) a module runs on one worker,
 # and one of these started last would leave the other worker idle at the end
 LONGEST_FIRST = ("components/train/test_learning.py", "flows/test_failures.py", "flows/test_kill_resume.py",
-                 "flows/test_deployments.py", "flows/test_stops.py", "flows/test_monitoring.py",
-                 "flows/test_trainer_processes.py", "components/explore/test_server_pool.py",
+                 "tests/test_benchmarks.py", "flows/test_deployments.py", "flows/test_stops.py",
+                 "flows/test_monitoring.py", "flows/test_trainer_processes.py", "components/explore/test_server_pool.py",
                  "components/test_real_model.py", "components/train/test_data_parallel.py",
-                 "components/explore/test_server_engines.py",
-                 "flows/test_cli_user.py", "components/explore/test_sampling_as_trl.py",
-                 "flows/test_sharded_explorers.py", "flows/test_servers.py")
+                 "components/explore/test_server_engines.py", "flows/test_reward_campaigns.py",
+                 "flows/test_cli_user.py", "components/explore/test_sampling_as_trl.py", "flows/test_alerts.py",
+                 "flows/test_sharded_explorers.py", "flows/test_servers.py", "tests/test_package.py")
 
 
 # Parts the suite tests that a machine may lack; a run without one fails at its start, naming it,
@@ -157,6 +157,14 @@ def tiny():
     from rftflow.components.explore.models import load_model
 
     return load_model("builtin:tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm():
+    """builtin:tiny-vlm, built once: (model, tokenizer, processor), loaded like any Idefics3 directory."""
+    from rftflow.components.explore.models import load_model, load_processor
+
+    return (*load_model("builtin:tiny-vlm"), load_processor("builtin:tiny-vlm"))
 
 
 @pytest.fixture(scope="session")

@@ -89,7 +89,8 @@ def test_a_whole_campaign_explores_with_the_openai_engine_and_syncs_the_server(s
     from rftflow.flows.campaign import rft_campaign
 
     overrides = [*small, "name=served", "explorer.engine=openai", f"explorer.base_url={server}",
-                 "explorer.served_model=tiny"]
+                 "explorer.served_model=tiny", "sync.check_logprobs_every=1",
+                 f"sync.logprob_tolerance={LOGPROB_TOLERANCE}"]
     summary = rft_campaign(str(default_config), str(tmp_path), overrides=overrides)
     usual = ExperienceStore(open_store((tmp_path / "store").as_uri()), "served").read_kind("usual")
     per_round = usual.group_by("round").aggregate([([], "count_all")]).to_pylist()
@@ -100,7 +101,45 @@ def test_a_whole_campaign_explores_with_the_openai_engine_and_syncs_the_server(s
                                                          usual.column("response_ids").to_pylist()))
     client = MlflowClient(summary["mlflow_tracking_uri"])
     assert client.get_run(summary["mlflow_run_id"]).info.status == "FINISHED"
-    assert summary["eval_accuracy_after"] is not None
+    # each round's sync reached the server: its log-probs then were the trainer's (checked every round)
+    checked = {m.step: m.value for m in client.get_metric_history(summary["mlflow_run_id"], "sync/logprob_max_diff")}
+    assert sorted(checked) == [1, 2] and max(checked.values()) < LOGPROB_TOLERANCE, checked
+
+
+def _requests_served(url: str) -> float:
+    """The server's count of requests it finished (vLLM's Prometheus metric)."""
+    import httpx
+
+    lines = httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:request_success_total{"))
+
+
+@needs_server
+@pytest.mark.slow
+def test_a_campaign_scored_by_a_judge_on_the_server_stores_its_grades(server, tmp_path, default_config, small):
+    """``reward.function: judge`` with the server as the judge (builtin:tiny, its reply guided to
+    ``{"score": n}``): every row's reward is a grade out of 9, and the server answered a request for
+    each distinct (task, response) the campaign explored."""
+    from rftflow.components.campaign.preflight import preflight
+    from rftflow.components.campaign.run import CampaignRun
+
+    import json
+
+    # short questions: the judge's prompt (the response fenced in as data) fits builtin:tiny's 256 positions
+    source = tmp_path / "sums.jsonl"
+    source.write_text("".join(json.dumps({"question": f"{a}+{b}", "answer": str(a + b)}) + "\n"
+                              for a in range(20) for b in range(20)))
+    before = _requests_served(server)
+    run = CampaignRun(preflight(default_config, tmp_path / "run", [
+        *small, "name=judged", f"taskset.source={source}", "taskset.prompt_template={question}=",
+        "reward.function=judge",
+        f"reward.judge={{base_url: '{server}', model: tiny, endpoint: completions, "
+        "rubric: '{question}={response} grade:', max_score: 9, guided: true, max_tokens: 16}"]))
+    run.run()
+    rows = run.campaign.store.read_kind("usual").select(["task_id", "response", "reward"]).to_pylist()
+    assert len(rows) == 32
+    assert all(r["reward"] * 9 == pytest.approx(round(r["reward"] * 9)) and 0 <= r["reward"] <= 1 for r in rows), rows
+    assert _requests_served(server) - before >= len({(r["task_id"], r["response"]) for r in rows})
 
 
 @needs_server
