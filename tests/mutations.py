@@ -60,6 +60,7 @@ def _path_without_bwrap(scratch: Path) -> dict[str, str]:
 
 
 KILL = "tests/flows/test_kill_resume.py::"
+USER = "tests/flows/test_user_failures.py::"
 MUTATIONS = [
     # CI fails when a part it tests cannot run
     Mutation("ci-no-vllm-env", "the vLLM CPU virtualenv is missing (its build failed): the suite must not skip",
@@ -169,6 +170,42 @@ except (OSError, AttributeError):'''),
     Mutation("wheel-without-data", "the wheel leaves out the shipped data file (configs/data/*.jsonl)",
              ("tests/test_package.py",), "pyproject.toml", '"rftflow.configs" = ["*.yaml", "data/*.jsonl"]',
              '"rftflow.configs" = ["*.yaml"]'),
+    # failures users meet: sizes, a second Ctrl-C, a lost store, exit codes, the warm start's checkpoints
+    Mutation("sizes-unchecked", "preflight lets a response past the model's positions and a batch past the memory "
+             "through (the campaign then fails in round 1)",
+             (USER + "test_sizes_that_cannot_fit_are_refused_in_one_line_before_any_work",),
+             "components/campaign/sizes.py", "    shape = model_shape(cfg.model)\n", "    shape = None\n"),
+    Mutation("second-ctrl-c-raises", "a second Ctrl-C while a campaign stops raises KeyboardInterrupt wherever it "
+             "lands (a traceback, or death by the signal)",
+             ("tests/flows/test_interrupts.py::test_a_second_ctrl_c_stops_at_once_in_one_line_every_time_and_the_"
+              "campaign_resumes",), "flows/campaign.py", "        if AT_ONCE is not None:\n", "        if False:\n"),
+    Mutation("late-ctrl-c-kills", "a Ctrl-C in the interpreter's last steps kills the command by the signal",
+             ("tests/flows/test_interrupts.py::test_ctrl_c_in_the_interpreters_last_steps_never_kills_the_command_by_"
+              "the_signal",), "flows/cli.py", "    atexit.register(_signals_ignored_at_the_end)  # registered first: "
+             "run last\n", ""),
+    Mutation("lost-state-unseen", "a run dir's store that lost its campaign starts a new one in silence",
+             (USER + "test_a_store_that_lost_the_campaign_of_a_run_dir_is_refused_until_restart",),
+             "components/campaign/state.py", "    from mlflow import MlflowClient\n\n    try:\n        client",
+             "    return []\n    from mlflow import MlflowClient\n\n    try:\n        client"),
+    Mutation("store-outage-refused", "a store down past its budget at the start exits 2 (a refusal), as before",
+             (USER + "test_a_hung_store_and_bad_data_fail_with_1_leaving_the_run_dir_as_it_was",), "flows/cli.py",
+             "    except StoreUnavailable as e:  # the store down past its outage budget: a failure, not bad input\n"
+             "        _fail(str(e), EXIT_FAILED)", "    except StoreUnavailable as e:\n        _fail(str(e))"),
+    Mutation("failed-ingest-writes-store-json", "a failed ingest records its store in store.json first",
+             (USER + "test_a_hung_store_and_bad_data_fail_with_1_leaving_the_run_dir_as_it_was",), "flows/cli.py",
+             "    try:  # the store is opened (and the run dir's store.json written) only for a file that passes\n",
+             "    open_run_store(cfg.storage, checked.run_dir)\n    try:\n"),
+    Mutation("corrupt-checkpoint-overwritten", "a checkpoint set aside as corrupt stays at its version's keys, where "
+             "the redone round's checkpoint overwrites it", ("tests/components/buffer/test_corrupt_kept.py",),
+             "components/buffer/weights.py", "        aside = self.key(*CORRUPT_DIR, f\"v{version:06d}-{time.strftime(",
+             "        aside = prefix or self.key(*CORRUPT_DIR, f\"v{version:06d}-{time.strftime("),
+    Mutation("warm-start-from-zero", "a campaign stopped or killed in its warm start does it again from its first "
+             "step", ("tests/components/campaign/test_warm_checkpoints.py",), "components/campaign/stages.py",
+             "            resumed = self.resume_warm_start()\n", "            resumed = None\n"),
+    Mutation("warm-start-steps-again", "a resumed warm start takes its steps again from the first on, over the "
+             "restored weights (a longer warm start than an uninterrupted one)",
+             ("tests/components/campaign/test_warm_checkpoints.py",), "components/campaign/stages.py",
+             "tc.warmup_lr, step_done, first=done)", "tc.warmup_lr, step_done, first=0)"),
 ]
 
 
