@@ -115,7 +115,7 @@ def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = N
                              "rows only)")
         samples = _checked_tasksets(cfg)  # it reads the task files or generates a task
         _warn_lora_on_random_base(cfg)
-        check_sizes(cfg)  # a response past the model's positions, a batch past the memory
+        check_sizes(cfg, samples)  # a response past the model's positions, a batch past the memory
         check_rewards(cfg, samples)  # the code sandbox runs here; rewards by import path score a sample task
         previous = None if restart else _previous_state(cfg, out)
     except (ConfigError, StoreUnavailable):  # the store down past its outage budget is no bad input

@@ -28,6 +28,7 @@ built-in, a Hugging Face directory; else P counts as 0). A shape that cannot be 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,14 +111,15 @@ def prompt_tokens(model: ModelConfig, prompts: list[str]) -> int:
         return 0
 
 
-def sample_prompts(cfg: CampaignConfig) -> list[str]:
-    """A task's prompt from each single-turn taskset (the campaign's, or each mixture part's)."""
+def sample_prompts(cfg: CampaignConfig, samples: Mapping[str | None, list] | None = None) -> list[str]:
+    """A task's prompt from each single-turn taskset (the campaign's, or each mixture part's): from
+    ``samples`` (tasks by part, None outside a mixture: what ``preflight`` read), else read here."""
     from rftflow.components.data.tasksets import validated_tasks
 
     prompts = []
-    for taskset in (cfg.part_tasksets() or {"": cfg.taskset}).values():
+    for part, taskset in (cfg.part_tasksets() or {None: cfg.taskset}).items():
         if taskset.workflow == "single_turn":
-            tasks, _ = validated_tasks(taskset, 0, cfg.contracts, size=1)
+            tasks = samples[part] if samples is not None else validated_tasks(taskset, 0, cfg.contracts, size=1)[0]
             prompts += [t.prompt for t in tasks[:1]]
     return prompts
 
@@ -133,13 +135,15 @@ def available_memory() -> int:
     return psutil.virtual_memory().available
 
 
-def check_sizes(cfg: CampaignConfig, prompts: list[str] | None = None, memory: int | None = None) -> None:
+def check_sizes(cfg: CampaignConfig, samples: Mapping[str | None, list] | None = None,
+                memory: int | None = None) -> None:
     """``ValueError`` in one line when a response cannot fit the model's positions or a batch's keys,
-    values and logits exceed ``memory`` (default: ``available_memory()``); see the module docstring."""
+    values and logits exceed ``memory`` (default: ``available_memory()``); see the module docstring.
+    ``samples``: each taskset's tasks by part, as ``preflight`` read them (else read here)."""
     shape = model_shape(cfg.model)
     if shape is None:
         return
-    prompts = sample_prompts(cfg) if prompts is None else prompts
+    prompts = sample_prompts(cfg, samples)
     p = prompt_tokens(cfg.model, prompts)
     ex, new = cfg.explorer, max(cfg.explorer.max_new_tokens, cfg.eval.max_new_tokens)
     key = "explorer.max_new_tokens" if ex.max_new_tokens >= cfg.eval.max_new_tokens else "eval.max_new_tokens"
