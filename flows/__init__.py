@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+if __name__ != "rftflow.flows":  # installed as rftflow.flows (pyproject's package-dir), never bare
+    raise ImportError(f"import rftflow.flows, not {__name__}: this folder is a part of the rftflow package")
+
 import os
 
 # Quiet, offline-friendly defaults; each is only a default (the environment wins).

@@ -78,12 +78,12 @@ def in_process_python(env: dict) -> tuple[list[str], dict]:
         return [sys.executable], env
     if not vllm_available():
         raise RuntimeError(f"vLLM is not installed here (pip install vllm, on a GPU machine) and {vllm_problem()}")
-    root = Path(__file__).resolve().parents[1]  # the checkout, which holds the rftflow package
-    after = ("import runpy, sys; sys.path.append(sys.argv.pop(1)); sys.argv.pop(0); "
+    # this environment's site-packages after the virtualenv's own, its .pth files run (rftflow's editable
+    # install among them, which maps rftflow.components to the checkout's components/, ...)
+    after = ("import runpy, site, sys; site.addsitedir(sys.argv.pop(1)); sys.argv.pop(0); "
              "runpy.run_path(sys.argv[0], run_name='__main__')")
     return ([str(VLLM_VENV / "bin" / "python"), "-c", after, sysconfig.get_paths()["purelib"]],
-            {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")])),
-             "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+            {**env, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
 
 
 @dataclass
