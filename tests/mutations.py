@@ -7,7 +7,8 @@ with any process still running from it). A mutation of a file with uncommitted c
 
     python tests/mutations.py                          # every mutation, one after the other
     python tests/mutations.py --list                   # their names and what each breaks
-    python tests/mutations.py lease-renewal wheel-data # some, by name
+    python tests/mutations.py lease-not-renewed        # some, by name
+    python tests/mutations.py --baseline NAME          # first the tests unmutated: they must pass
 
 A mutation is a row of ``MUTATIONS``: a name, what it breaks, the test node ids that must fail,
 and either a file with a snippet found exactly once in it and its replacement, or the
@@ -216,12 +217,23 @@ def _dirty(path: str) -> bool:
 
 
 def _copy(scratch: Path) -> Path:
-    """A copy of the working tree (its links kept), with links to this checkout's virtualenvs."""
+    """A copy of the working tree (its links kept), with links to this checkout's virtualenvs, and
+    its packages importable from it by their import names: each ``[tool.setuptools.package-dir]``
+    entry of pyproject.toml (``"rftflow.flows" = "flows"``) a link in the copy (rftflow/flows ->
+    ../flows), so that with the copy first on PYTHONPATH no module is read from this checkout (whose
+    editable install maps the same names here)."""
+    import tomllib
+
     tree = scratch / "tree"
     shutil.copytree(ROOT, tree, symlinks=True, ignore=shutil.ignore_patterns(*COPY_IGNORED))
     for venv in (".venv", ".venv-vllm"):
         if (ROOT / venv).exists():
             (tree / venv).symlink_to(ROOT / venv)
+    mapped = tomllib.loads((tree / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
+    for name, folder in mapped.get("package-dir", {}).items():
+        link = tree.joinpath(*name.split("."))
+        if name and not link.exists():
+            link.symlink_to(os.path.relpath(tree / folder, link.parent))
     return tree
 
 
@@ -237,24 +249,26 @@ def _end_processes_of(tree: Path) -> None:
                 continue
 
 
-def run(mutation: Mutation) -> tuple[str, str]:
-    """Apply ``mutation`` in a copy, run its tests there: (outcome, one line). The outcome is
-    ``killed`` (the tests failed as they must), ``survived`` (they passed), ``refused`` (a dirty
-    file, a snippet not found once) or ``invalid`` (the run ended some other way)."""
+def run(mutation: Mutation, mutate: bool = True) -> tuple[str, str]:
+    """Apply ``mutation`` in a copy (unless not ``mutate``: the baseline), run its tests there:
+    (outcome, one line). The outcome is ``killed`` (the tests failed as they must), ``survived``
+    (they passed), ``refused`` (a dirty file, a snippet not found once) or ``invalid`` (the run
+    ended some other way)."""
     if mutation.file and _dirty(mutation.file):
         return "refused", f"{mutation.file} has uncommitted changes"
     with tempfile.TemporaryDirectory(prefix=f"mutation-{mutation.name}-") as scratch:
         tree = _copy(Path(scratch))
         try:
-            if mutation.file:
+            if mutation.file and mutate:
                 target = tree / mutation.file
                 text = target.read_text()
                 if text.count(mutation.old) != 1:
                     return "refused", f"its snippet is in {mutation.file} {text.count(mutation.old)} times, not once"
                 target.write_text(text.replace(mutation.old, mutation.new))
-            env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1", **mutation.env}
+            env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1",
+                   **(mutation.env if mutate else {})}
             env.pop("RFTFLOW_ALLOW_MISSING", None)
-            if mutation.prepare is not None:
+            if mutation.prepare is not None and mutate:
                 env |= mutation.prepare(Path(scratch))
             began = time.monotonic()
             done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider",
@@ -281,6 +295,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="mutations to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--baseline", action="store_true", help="run each mutation's tests unmutated first")
     args = parser.parse_args()
     by_name = {m.name: m for m in MUTATIONS}
     unknown = [n for n in args.names if n not in by_name]
@@ -292,8 +307,23 @@ def main() -> int:
         return 0
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     outcomes = []
-    for m in [by_name[n] for n in args.names] or MUTATIONS:
+    try:
+        return _run_all([by_name[n] for n in args.names] or MUTATIONS, args.baseline, outcomes)
+    except KeyboardInterrupt:  # the copy and its processes are gone (``run``'s cleanup)
+        print(f"interrupted after {len(outcomes)} mutation(s)", file=sys.stderr)
+        return 130
+
+
+def _run_all(mutations: list[Mutation], baseline: bool, outcomes: list[str]) -> int:
+    """Run ``mutations`` one after the other, printing each outcome; 0 if every one was killed."""
+    for m in mutations:
         print(f"{m.name}: {m.breaks} ...", flush=True)
+        if baseline:
+            outcome, line = run(m, mutate=False)
+            if outcome != "survived":  # unmutated, the tests must pass
+                outcomes.append("refused" if outcome == "refused" else "invalid")
+                print(f"    {outcomes[-1]}: unmutated, {line}", flush=True)
+                continue
         outcome, line = run(m)
         outcomes.append(outcome)
         print(f"    {outcome}: {line}", flush=True)
