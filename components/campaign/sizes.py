@@ -171,4 +171,5 @@ def check_sizes(cfg: CampaignConfig, samples: Mapping[str | None, list] | None =
                          "available; lower it, or the tokens per row")
 
 
-__all__ = ["ModelShape", "available_memory", "check_sizes", "model_shape", "prompt_tokens", "sample_prompts", "shape_of"]
+__all__ = ["ModelShape", "available_memory", "check_sizes", "model_shape", "prompt_tokens", "sample_prompts",
+           "shape_of"]
