@@ -36,7 +36,7 @@ def api(url: str, body: dict | None = None):
 
 
 def main() -> None:
-    from rftflow.flows.servers import free_port
+    from rftflow.infra.ports import free_port
 
     OUT.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="rftflow-shots-"))

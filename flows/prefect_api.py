@@ -47,7 +47,8 @@ from prefect.logging.handlers import APILogWorker
 from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
                               get_current_settings, temporary_settings)
 
-from rftflow.flows.servers import answers, free_port
+from rftflow.flows.servers import answers
+from rftflow.infra.ports import free_port
 
 # Run in the server process before uvicorn: ask for SIGTERM when the parent (this process) dies
 # (PR_SET_PDEATHSIG = 1), and leave at once if it died already. Done in the child itself, not in a

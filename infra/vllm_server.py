@@ -134,7 +134,7 @@ def start_server(model_dir: str, *, served_model: str = "model", threads: int = 
     it. None: vLLM's own placement (an engine and a worker process, threads bound by vLLM)."""
     import httpx
 
-    from rftflow.flows.servers import free_port
+    from rftflow.infra.ports import free_port
 
     port = port or free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(threads),

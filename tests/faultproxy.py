@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 
-from rftflow.flows.servers import free_port
+from rftflow.infra.ports import free_port
 
 SLOWDOWN = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
             b"Content-Length: %d\r\n\r\n%s")

@@ -59,7 +59,7 @@ def watched(cli_env, tmp_path):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from rftflow.flows.alerts import create_alerts
-    from rftflow.flows.servers import free_port
+    from rftflow.infra.ports import free_port
 
     env = {k: v for k, v in cli_env.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(tmp_path / "prefect")}
     ports = {"prefect": free_port(), "mlflow": free_port()}

@@ -34,7 +34,8 @@ def servers(cli_env, tmp_path_factory):
     real ``mlflow server`` (SQLite, artifacts served), started as ``rftflow up`` starts them; the
     deployments of prefect.yaml, and a process worker on pool ``rftflow`` whose runs track to the
     MLflow server (``MLFLOW_TRACKING_URI``)."""
-    from rftflow.flows.servers import down, free_port, up
+    from rftflow.flows.servers import down, up
+    from rftflow.infra.ports import free_port
 
     work = tmp_path_factory.mktemp("deployments")
     env = {**cli_env, "PREFECT_HOME": str(work / "prefect"), "RFTFLOW_HOME": str(ROOT),

@@ -32,7 +32,7 @@ SMALL = ["taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=2", "
 def up(cli_env, tmp_path_factory):
     """``rftflow up`` over run dir A, on a PREFECT_HOME of its own; the campaigns' environment has
     no PREFECT_API_URL (they find the server themselves)."""
-    from rftflow.flows.servers import free_port
+    from rftflow.infra.ports import free_port
 
     home = tmp_path_factory.mktemp("monitoring")
     env = {k: v for k, v in cli_env.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(home / "prefect")}
@@ -148,7 +148,7 @@ class _Receiver(BaseHTTPRequestHandler):
 
 
 def test_the_alert_automation_calls_a_webhook_when_a_campaign_fails(up, watched, s3_server, s3_bucket):
-    from rftflow.flows.servers import free_port
+    from rftflow.infra.ports import free_port
 
     port = free_port()
     receiver = HTTPServer(("127.0.0.1", port), _Receiver)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rftflow.flows.servers import free_port
+from rftflow.infra.ports import free_port
 
 pytestmark = pytest.mark.slow  # two servers start
 
