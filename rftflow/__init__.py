@@ -22,14 +22,10 @@ The packages, one per role: ``rftflow.components`` (the loop's parts, no Prefect
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("rftflow")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+from rftflow.components.version import VERSION as __version__
 
 if TYPE_CHECKING:
     import pyarrow as pa

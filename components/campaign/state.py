@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rftflow import __version__
 from rftflow.components.buffer.store import ObjectStore
 from rftflow.components.config import ConfigError, flatten
+from rftflow.components.version import VERSION
 
 STATUSES = ("running", "finished", "failed", "interrupted")
 KEEP_GENERATIONS = 20
@@ -204,7 +204,7 @@ def claim(states: StateStore, campaign: str, config: dict[str, Any], flow_run_id
     for attempt in killed:
         attempt.outcome = "killed"
     state.status, state.error = "running", None
-    state.attempts.append(Attempt(flow_run_id, os.getpid(), socket.gethostname(), now(), version=__version__))
+    state.attempts.append(Attempt(flow_run_id, os.getpid(), socket.gethostname(), now(), version=VERSION))
     try:
         states.write(state)
     except StateConflict:
