@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rftflow import __version__
 from rftflow.components.buffer.experiences import ExperienceStore
 from rftflow.components.buffer.layout import open_run_store, shard_order
 from rftflow.components.buffer.weights import CorruptCheckpoint
@@ -42,6 +41,7 @@ from rftflow.components.explore.models import load_model
 from rftflow.components.train import adapters
 from rftflow.components.train.checkpoints import OPTIMIZER_FILES
 from rftflow.components.tracking import Tracker, charted
+from rftflow.components.version import VERSION
 
 log = logging.getLogger("rftflow")
 COMMIT_SECONDS = 5.0  # a round's metrics and state are written at most this often (see ``_tracked``)
@@ -78,7 +78,7 @@ class CampaignRun:
             self.campaign = Campaign(checked, store=store, stop=stop)  # loads the models
             self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, run_name(cfg, out),
                                    artifact_root=out / "mlartifacts", run_id=self.state.mlflow_run_id,
-                                   tags={"campaign": cfg.name, "rftflow.mode": cfg.mode, "rftflow.version": __version__,
+                                   tags={"campaign": cfg.name, "rftflow.mode": cfg.mode, "rftflow.version": VERSION,
                                          "prefect.flow_run_id": flow_run_id or "",
                                          "prefect.flow_run_url": flow_run_url or "",
                                          "mlflow.source.name": "rftflow.flows.campaign.rft_campaign",
