@@ -40,6 +40,8 @@ SMOKE = {
     "modes.py": (["--rounds", "1", "--warmup", "2", "--no-openai", *SETS], "| mode | rounds wall s"),
     "overhead.py": (["--setting", "trl-sized", "--rounds", "2", "--warmup-steps", "2", *SETS],
                     "orchestration (Prefect"),
+    "own_data.py": (["--seeds", "0", "--set", "trainer.warmup_steps=5", "--set", "rounds=1", "--set",
+                     "explorer.tasks_per_round=4", "--set", "eval.every=1"], "| seed | held-out tasks |"),
     "real_model.py": (["--rounds", "1", "--set", "model.path=builtin:tiny", "--set", "model.chat_template=false",
                        "--set", "trainer.warmup_steps=2", "--set", "taskset.eval_size=8",
                        "--set", "explorer.tasks_per_round=2", "--set", "explorer.repeat_times=2"],
