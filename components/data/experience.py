@@ -4,6 +4,9 @@ Stored as Parquet with ``SCHEMA``; ``source`` is ``explorer`` (usual experiences
 (demonstrations) or ``human`` (feedback). Token lists are unpadded; ``response_mask`` marks the
 tokens the policy is trained on (1) versus tokens it did not produce (0): an episode's response
 is every turn's ids in order, the model's (mask 1) and the environment's or tools' (mask 0).
+A row of a task with images keeps them (``images``: each image's sha256 and encoded bytes, in
+the prompt's order), so the trainer reads the pixels the explorer sampled with, and a stored row
+replays without its taskset.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 TURN = pa.struct([("role", pa.string()), ("content", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
+IMAGE = pa.struct([pa.field("sha256", pa.string(), nullable=False), ("data", pa.binary())])
 SCHEMA = pa.schema(
     [
         pa.field("experience_id", pa.string(), nullable=False),
@@ -42,6 +46,8 @@ SCHEMA = pa.schema(
         pa.field("turns", pa.list_(TURN)),
         pa.field("step_rewards", pa.list_(pa.float64())),
         pa.field("domain", pa.string()),
+        # the prompt's images (null for a text task): sha256 of the encoded bytes, and the bytes
+        pa.field("images", pa.list_(IMAGE)),
     ]
 )
 COLUMNS = tuple(SCHEMA.names)
@@ -73,7 +79,7 @@ def to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
 
 def conform(table: pa.Table) -> pa.Table:
     """A stored experience table as ``SCHEMA``: the columns an older version did not write added as
-    nulls (``turns``, ``step_rewards``, ``domain``), types cast to this version's (Parquet may name a
+    nulls (``turns``, ``step_rewards``, ``domain``, ``images``), types cast to this version's (Parquet may name a
     list's items differently); columns beyond the schema (a quarantined row's ``reason``) kept after."""
     if table.schema.equals(SCHEMA):
         return table

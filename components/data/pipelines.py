@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import json
 import typing
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rftflow.components.data.groups import drop_zero_variance_groups
+from rftflow.components.data.images import image_digests
 from rftflow.components.data.tasksets import reasoning_gym_tasks, task_id, tasks_to_table
 
 PIPELINE_KINDS = ("tasks", "experiences")
@@ -144,7 +146,8 @@ def normalize_tasks(table: pa.Table) -> pa.Table:
     for column in ("question", "answer", "prompt"):
         cleaned = pa.array([_clean(v) for v in table.column(column).to_pylist()], pa.string())
         table = table.set_column(table.schema.get_field_index(column), table.schema.field(column), cleaned)
-    ids = pa.array([task_id(q) for q in table.column("question").to_pylist()], pa.string())
+    ids = pa.array([task_id(q, image_digests(json.loads(m or "{}"))) for q, m in
+                    zip(table.column("question").to_pylist(), table.column("metadata").to_pylist())], pa.string())
     return table.set_column(table.schema.get_field_index("task_id"), table.schema.field("task_id"), ids)
 
 

