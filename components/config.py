@@ -109,7 +109,7 @@ class TasksetConfig(_Section):
 
 
 BUILTIN_REWARDS = ("score_answer", "exact_match", "math_verify", "math", "code", "judge", "reward_model", "format",
-                   "env_return")
+                   "env_return", "vision")
 IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
@@ -282,7 +282,8 @@ class RewardConfig(_Section):
         "mathematically (math-verify); `math`: the same after taking the answer after a GSM8K `####` if there is one; "
         "`code`: the response's program passes the task's tests in a sandbox (`reward.code`); `judge`: an LLM's grade "
         "by a rubric (`reward.judge`); `reward_model`: a sequence-classification model's score "
-        "(`reward.reward_model`); `format`: the pattern `reward.format.pattern`. A task's own reward (this, its "
+        "(`reward.reward_model`); `format`: the pattern `reward.format.pattern`; `vision`: the whole response is the "
+        "picture's short answer (a number equal as a number; `builtin:vision`). A task's own reward (this, its "
         "domain's or its mixture part's) is its correctness reward: accuracy and promotion read it, never the total.",
     )
     domains: dict[str, RewardRef] = Field(

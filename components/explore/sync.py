@@ -104,13 +104,14 @@ class StoreWeightSync:
 
 
 def check_sync(trainer, engine, version: int, explorer_version: int, probe: Sequence[int], *,
-               logprobs: bool, tolerance: float, temperature: float) -> dict[str, float]:
+               logprobs: bool, tolerance: float, temperature: float, images: Sequence = ()) -> dict[str, float]:
     """After a sync, that the explorer holds what the trainer published, or ``SyncMismatch`` in one
     line: the weight version both report; the trained tensors' bytes the same on both sides (engines
     that hold them in this process: ``hf``; a server cannot), else the sha256 of each side's; and,
     with ``logprobs``, the explorer's log-probs of ``PROBE_TOKENS`` tokens it samples after
     ``probe`` equal the trainer's for the same tokens, max |Δ| ≤ ``tolerance`` nats (on each live
-    replica of a server pool). Returns the check's metrics."""
+    replica of a server pool); ``images``: the probe's (PIL images, whose tokens ``probe`` holds),
+    which both sides read. Returns the check's metrics."""
     if explorer_version != version:
         raise SyncMismatch(f"weight sync: the explorer holds version {explorer_version}, the trainer published "
                            f"{version}")
@@ -125,9 +126,9 @@ def check_sync(trainer, engine, version: int, explorer_version: int, probe: Sequ
         worst = 0.0
         for view in engine.pinned() if hasattr(engine, "pinned") else [engine]:  # each replica of a server pool
             with torch.random.fork_rng():  # the probe's draw leaves the campaign's random state as it was
-                [[rollout]] = view.generate_ids([list(probe)], n=1, max_new_tokens=PROBE_TOKENS,
-                                                temperature=temperature)
-            ours = trainer.logprobs_of(rollout.prompt_ids, rollout.response_ids)
+                [[rollout]] = view.generate_ids([list(probe)], images=[list(images)] if images else None, n=1,
+                                                max_new_tokens=PROBE_TOKENS, temperature=temperature)
+            ours = trainer.logprobs_of(rollout.prompt_ids, rollout.response_ids, images)
             diff = float((ours - torch.tensor(rollout.logprobs)).abs().max())
             if diff > tolerance:
                 where = f" (server {view.base_url})" if hasattr(engine, "pinned") else ""

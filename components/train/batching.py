@@ -15,6 +15,12 @@ under a dense mask whatever it keeps, weighted by ``attention_pair_cost``: long 
 and pay attention, so the bin size is the cheapest of ``BIN_SIZES`` (``cheapest_bins``), and the
 padded layout stays when no packing costs less. Short responses pack many rows into one bin;
 long ones into several bins of a few hundred positions (``benchmarks/`` measures both).
+
+A vision-language policy's batches (``processor``) keep the padded layout and carry their rows'
+pixels (``data.images.pixel_inputs``: ``pixel_values`` (B, N, C, H, W), ``pixel_attention_mask``),
+made from the images stored in the rows as the explorer's engine made them from the tasks'; its
+image placeholder token is never a response token (``suppressed_ids``: its logit is the lowest
+float, as in the engine's sampling: a sampled placeholder would take an image's place).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel
+
+from rftflow.components.data.images import PIXEL_KEYS, images_of_row, pixel_inputs, suppressed_ids
 
 Row = Mapping[str, Any]
 BIN_SIZES = (64, 128, 256, 512, 1024)  # the packed layouts tried: bins of at most this many positions
@@ -50,10 +58,13 @@ def padded_mask(row: Row, width: int) -> list[int]:
     return mask + [0] * (width - len(mask))
 
 
-def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float | None = PAIR_COST) -> dict[str, torch.Tensor]:
+def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float | None = PAIR_COST,
+                  processor=None) -> dict[str, torch.Tensor]:
     """Rows with ``prompt_ids``, ``response_ids`` (and optional ``response_mask``) → padded tensors,
     and the packed layout when it costs less (``pair_cost``: the model's ``attention_pair_cost``;
-    None: a model that does not pack, ``packs``, so no packed layout is worked out).
+    None: a model that does not pack, ``packs``, so no packed layout is worked out). With a
+    vision-language model's ``processor``: the rows' ``images`` as pixel inputs, and its image
+    placeholder's id as ``suppressed_ids`` (module docstring).
 
     Each tensor is made by one ``torch.tensor`` call over padded lists, not a call per row."""
     P = max(len(r["prompt_ids"]) for r in rows)
@@ -71,6 +82,17 @@ def batch_tensors(rows: Sequence[Row], pad_id: int, pair_cost: float | None = PA
     batch = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions,
              "response_ids": input_ids[:, P:], "mask": torch.tensor(mask, dtype=torch.float32),  # (B, R) trained tokens
              "prompt_len": torch.tensor(P)}
+    images = [images_of_row(r) for r in rows]
+    if processor is not None:
+        blind = next((r for r, some in zip(rows, images) if not some and processor.image_token_id in r["prompt_ids"]),
+                     None)
+        if blind is not None:  # the model would read its placeholders' embeddings instead of a picture
+            raise ValueError(f"row {blind.get('experience_id', '')}: its prompt has image tokens but the row has no "
+                             "images")
+        suppressed = torch.tensor(suppressed_ids(processor), dtype=torch.long)
+        return batch | pixel_inputs(processor.image_processor, images) | {"suppressed_ids": suppressed}
+    if any(images):
+        raise ValueError("rows with images need a vision-language model (its processor)")
     if pair_cost is None:
         return batch
     bins = cheapest_bins(rows, pair_cost)
@@ -222,9 +244,12 @@ def response_logits(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], t
         return _packed_logits(model, batch).float() / temperature
     logits = model(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
-        logits_to_keep=R + 1,
+        logits_to_keep=R + 1, **{k: batch[k] for k in PIXEL_KEYS if k in batch},
     ).logits  # (B, R+1, V)
-    return logits[:, :R].float() / temperature  # (B, R, V)
+    logits = logits[:, :R].float() / temperature  # (B, R, V)
+    if "suppressed_ids" in batch:
+        logits = logits.index_fill(-1, batch["suppressed_ids"], torch.finfo(logits.dtype).min)
+    return logits
 
 
 def response_logprobs(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:

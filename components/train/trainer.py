@@ -72,8 +72,9 @@ class Trainer:
 
     def __init__(self, model: PreTrainedModel, pad_id: int, trainer: TrainerConfig, algorithm: Algorithm,
                  *, temperature: float = 1.0, credit: str = "final", gamma: float = 1.0, lora=None,
-                 leads: bool = False):
+                 leads: bool = False, processor=None):
         self.cfg, self.algorithm, self.temperature, self.pad_id = trainer, algorithm, temperature, pad_id
+        self.processor = processor  # a vision-language policy's: rows' images → pixel inputs (``batch_tensors``)
         self.credit, self.gamma = credit, gamma  # episodes' rewards → advantages (workflow.credit)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(),
                                        kwargs_handlers=[InitProcessGroupKwargs(timeout=PROCESS_WAIT)])
@@ -130,7 +131,8 @@ class Trainer:
                                  whole=not self.sharded or self.full is not None)
 
     def _batch(self, chunk: Sequence[Row]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.accelerator.device) for k, v in batch_tensors(chunk, self.pad_id, self.pair_cost).items()}
+        return {k: v.to(self.accelerator.device)
+                for k, v in batch_tensors(chunk, self.pad_id, self.pair_cost, self.processor).items()}
 
     @torch.no_grad()
     def _per_token(self, rows: Sequence[Row], fn) -> torch.Tensor:
@@ -241,12 +243,15 @@ class Trainer:
         return adapters.adapter_names(self.unwrapped) if self.lora else sorted(self._own_tensors)
 
     @torch.no_grad()
-    def logprobs_of(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> torch.Tensor:
-        """log π(response token | context) at the sampling temperature, per response token (R,)."""
-        row = {"prompt_ids": list(prompt_ids), "response_ids": list(response_ids)}
+    def logprobs_of(self, prompt_ids: Sequence[int], response_ids: Sequence[int],
+                    images: Sequence = ()) -> torch.Tensor:
+        """log π(response token | context) at the sampling temperature, per response token (R,);
+        ``images``: the prompt's (PIL images, or a row's stored ones)."""
+        row = {"prompt_ids": list(prompt_ids), "response_ids": list(response_ids), "images": list(images)}
         model = self.unwrapped
         device = next(model.parameters()).device  # fsdp: rank 0's copy is in CPU memory
-        batch = {k: v.to(device) for k, v in batch_tensors([row], self.pad_id, self.pair_cost).items()}
+        batch = {k: v.to(device)
+                 for k, v in batch_tensors([row], self.pad_id, self.pair_cost, self.processor).items()}
         return response_logprobs(model, batch, self.temperature)[0].cpu()
 
     def _step(self, rows: Sequence[Row], batch: Mapping[str, torch.Tensor], advantages: torch.Tensor, loss_fn,

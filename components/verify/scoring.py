@@ -8,6 +8,7 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rftflow.components.data.images import images_argument
 from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.verify.rewards import Graded, RewardFn, is_correct
@@ -86,7 +87,8 @@ def greedy_scores(engine: HFRolloutEngine, tasks: list[Task], reward_fn: RewardF
     """The reward of each task's greedy response, in task order (and, into ``finished``, whether
     each response ended with EOS within ``max_new_tokens``). A reward that could not be computed
     raises ``RewardUnavailable``: an evaluation is never scored on a failed sandbox or judge."""
-    groups = engine.generate([t.prompt for t in tasks], n=1, max_new_tokens=max_new_tokens, greedy=True)
+    groups = engine.generate([t.prompt for t in tasks], **images_argument(tasks), n=1,
+                             max_new_tokens=max_new_tokens, greedy=True)
     if finished is not None:
         finished.extend(g[0].finished for g in groups)
     scores = score_all([g[0].text for g in groups], tasks, reward_fn)

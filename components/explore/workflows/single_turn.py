@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from rftflow.components.data.images import images_argument
 from rftflow.components.data.tasksets import Task
 from rftflow.components.explore import explorer
 from rftflow.components.explore.workflows.base import Sampling, Workflow
@@ -17,8 +18,9 @@ class SingleTurn(Workflow):
     name = "single_turn"
 
     def run(self, tasks: list[Task], engine, *, n: int, sampling: Sampling) -> list[list[Episode]]:
-        groups = engine.generate([t.prompt for t in tasks], n=n, max_new_tokens=sampling.max_new_tokens,
-                                 temperature=sampling.temperature, greedy=sampling.greedy)
+        groups = engine.generate([t.prompt for t in tasks], **images_argument(tasks), n=n,
+                                 max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                                 greedy=sampling.greedy)
         return [[Episode(task, r.prompt_ids, list(r.response_ids), [1] * len(r.response_ids), list(r.logprobs),
                          text=r.text, done=True, finished=r.finished) for r in group]
                 for task, group in zip(tasks, groups)]
