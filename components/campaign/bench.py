@@ -22,7 +22,7 @@ from rftflow.components.buffer.layout import open_run_store
 from rftflow.components.data.tasksets import Task, load_mixture, load_tasks
 from rftflow.components.explore.workflows import make_workflow
 from rftflow.components.explore.engines import HFRolloutEngine
-from rftflow.components.explore.models import load_model, resolve_model_path
+from rftflow.components.explore.models import load_model, load_processor, resolve_model_path
 from rftflow.components.verify.rewards import make_rewards
 from rftflow.components.campaign.preflight import Preflight
 from rftflow.components.train import adapters
@@ -89,7 +89,9 @@ def eval_engine(ref: str, store: WeightStore | None, tracking_uri: str, cfg) -> 
     """An ``hf`` engine over model ``ref`` (see ``load_bench_model``), for greedy evaluation."""
     with tempfile.TemporaryDirectory() as into:
         model, tokenizer = load_bench_model(ref, store, tracking_uri, Path(into))
-    return HFRolloutEngine(model, tokenizer, batch_size=cfg.explorer.batch_size, chat_template=cfg.model.chat_template)
+        processor = load_processor(model.name_or_path)  # a vision-language model's, read while its files are here
+    return HFRolloutEngine(model, tokenizer, batch_size=cfg.explorer.batch_size, chat_template=cfg.model.chat_template,
+                           processor=processor)
 
 
 def held_out(checked: Preflight, source: str | None) -> list[Task]:

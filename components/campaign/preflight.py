@@ -50,7 +50,7 @@ from rftflow.components.config import CampaignConfig, ConfigError, load_config
 from rftflow.components.data.pipelines import check_pipeline
 from rftflow.components.data.tasksets import check_taskset
 from rftflow.components.verify.rewards import check_rewards
-from rftflow.components.explore.models import check_model_path
+from rftflow.components.explore.models import check_images, check_model_path
 from rftflow.components.tracking import is_tracking_server
 
 # Backends MLflow 3 keeps runs in (SQLAlchemy dialects may carry a driver: postgresql+psycopg2).
@@ -114,6 +114,7 @@ def preflight(config: CampaignConfig | Mapping[str, Any] | str | Path | None = N
             raise ValueError(f"buffer.expert_per_round must be > 0 for {algorithm.name!r} (it trains on expert "
                              "rows only)")
         samples = _checked_tasksets(cfg)  # it reads the task files or generates a task
+        check_images(cfg, samples, algorithm)  # tasks with pictures: a vision-language model on the hf engine
         _warn_lora_on_random_base(cfg)
         check_sizes(cfg, samples)  # a response past the model's positions, a batch past the memory
         check_rewards(cfg, samples)  # the code sandbox runs here; rewards by import path score a sample task

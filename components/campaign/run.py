@@ -359,7 +359,7 @@ class CampaignRun:
         out = self.run_dir / artifact_path
         shutil.rmtree(out, ignore_errors=True)
         save(out)
-        self.campaign.tokenizer.save_pretrained(out)
+        (self.campaign.processor or self.campaign.tokenizer).save_pretrained(out)
         return self.tracker.log_artifacts(out, artifact_path)
 
     def promote(self, round_no: int) -> dict[str, Any]:

@@ -47,7 +47,8 @@ from rftflow.components.verify.check import check_round, per_taskset_rewards
 from rftflow.components.verify.scoring import mixture_metrics
 from rftflow.components.explore.decode import forget_fused
 from rftflow.components.explore.engines import make_engine
-from rftflow.components.explore.models import load_model
+from rftflow.components.data.images import task_images
+from rftflow.components.explore.models import load_model, load_processor
 from rftflow.components.verify.rewards import campaign_rewards
 from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync, check_sync
 from rftflow.components.campaign.preflight import Preflight, preflight
@@ -67,8 +68,10 @@ WARMUP_CHECK_TASKS = 64  # training tasks the `trainer.warmup_until` check solve
 def make_trainer(cfg: CampaignConfig, algorithm, policy, pad_id: int, *, leads: bool = False) -> Trainer:
     """The campaign's trainer of ``policy`` (``leads``: rank 0 of several, which announces each
     update to the others)."""
+    processor = load_processor(cfg.model.path, allow_download=cfg.model.allow_download)  # a vision-language model's
     return Trainer(policy, pad_id, cfg.trainer, algorithm, temperature=cfg.explorer.temperature,
-                   credit=cfg.workflow.credit, gamma=cfg.workflow.gamma, lora=cfg.model.lora, leads=leads)
+                   credit=cfg.workflow.credit, gamma=cfg.workflow.gamma, lora=cfg.model.lora, leads=leads,
+                   processor=processor)
 
 
 def follow_trainer(cfg: CampaignConfig) -> None:
@@ -120,6 +123,8 @@ class Campaign:
         self.has_trainer, self.has_explorer = cfg.mode != "explore", cfg.mode != "train"
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
                                             dtype=cfg.model.dtype)
+        # a vision-language model's processor (None for text): saved with its checkpoints, as the tokenizer is
+        self.processor = load_processor(cfg.model.path, allow_download=cfg.model.allow_download)
         # the explorer's own copy; a trainer alone evaluates with its policy itself (hf)
         explorer_model = copy.deepcopy(policy) if self.has_trainer and self.has_explorer else policy
         if torch.cuda.is_available() and cfg.explorer.engine == "hf":
@@ -624,10 +629,12 @@ class Campaign:
         if not (sync.check and self.has_trainer and self.has_explorer):
             return {}
         every, self.syncs_checked = sync.check_logprobs_every, self.syncs_checked + 1
-        probe = self.engine.encode(self.train_tasks[0].prompt)
+        task = self.train_tasks[0]
+        images = task_images(task)  # a vision task's: both sides read them
+        probe = self.engine.encode(task.prompt, images) if images else self.engine.encode(task.prompt)
         return check_sync(self.trainer, self.engine, self.policy_version, self.weights.version, probe,
                           logprobs=bool(every) and (self.syncs_checked - 1) % every == 0,
-                          tolerance=sync.logprob_tolerance, temperature=self.cfg.explorer.temperature)
+                          tolerance=sync.logprob_tolerance, temperature=self.cfg.explorer.temperature, images=images)
 
     def run_round(self, round_no: int) -> dict[str, float]:
         """The round's stages (``schedule.ROUND``) in order, without tracking or Prefect (tests,
@@ -679,7 +686,7 @@ class Campaign:
         samplers' and torch's RNG states, the buffer's state files, the validation log — and commit
         it to the store as ``checkpoints/vNNNNNN`` (NNNNNN = the weight version). Returns its manifest."""
         save_trainer(self.trainer, out, base=self.cfg.model.path)
-        self.tokenizer.save_pretrained(out)
+        (self.processor or self.tokenizer).save_pretrained(out)
         resume = {
             "round": round_no, "weight_version": self.policy_version,
             "sampler": {"pick": self.sampler.pick_rng.getstate(), "order": self.sampler.order_rng.getstate()},
