@@ -26,7 +26,7 @@ from rftflow.components.algorithms import resolve
 from rftflow.components.config import CampaignConfig, TrainerConfig
 from rftflow.components.data.tasksets import _to_task
 from rftflow.components.explore.engines import HFRolloutEngine
-from rftflow.components.explore.environments import builtin_task_entries
+from rftflow.components.data.builtin_tasks import builtin_task_entries
 from rftflow.components.explore.models import load_model
 from rftflow.components.explore.workflows import Sampling, make_workflow
 from rftflow.components.train.batching import batch_tensors, response_logprobs

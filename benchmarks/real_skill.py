@@ -40,9 +40,9 @@ from rftflow.components.campaign.promotion import mcnemar_p
 from rftflow.components.campaign.schedule import ROUND, Step
 from rftflow.components.campaign.stages import Campaign
 from rftflow.components.data.groups import informative_groups
+from rftflow.components.evaluation import greedy
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.train.trainer import Trainer
-from rftflow.components.verify import scoring
 from rftflow.components.verify.rewards import Rewards
 
 PARTS = ("decode", "reward", "train", "sync", "evaluation", "warm start", "other")
@@ -96,7 +96,7 @@ class Clock:
 def greedy_pass(campaign: Campaign) -> tuple[list[bool], list[bool]]:
     """(solved, finished) per held-out task: reward 1 for the greedy answer; it ended within the budget."""
     finished: list[bool] = []
-    scores = scoring.greedy_scores(campaign.engine, campaign.eval_tasks, campaign.reward_fn,
+    scores = greedy.greedy_scores(campaign.engine, campaign.eval_tasks, campaign.reward_fn,
                                    campaign.cfg.eval.max_new_tokens, finished)
     return [s >= 1.0 for s in scores], finished
 

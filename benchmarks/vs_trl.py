@@ -127,9 +127,9 @@ def held_out_scores(model, tokenizer, cfg, tasks, reward_fn) -> list[float]:
     """Each held-out task's reward for the model's greedy response (rftflow's evaluator, the same
     tasks in the same order for every side: a paired comparison)."""
     from rftflow.components.explore.engines import HFRolloutEngine
-    from rftflow.components.verify import scoring
+    from rftflow.components.evaluation import greedy
 
-    return scoring.greedy_scores(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)
+    return greedy.greedy_scores(HFRolloutEngine(model, tokenizer), tasks, reward_fn, cfg.eval.max_new_tokens)
 
 
 def accuracy(model, tokenizer, cfg, tasks, reward_fn) -> float:

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 from rftflow.components.campaign.bench import BenchModelError, eval_engine, held_out
 from rftflow.components.data.tasksets import by_part, taskset_of
 from rftflow.components.explore.workflows import make_workflow
-from rftflow.components.verify.rewards import campaign_rewards, is_correct
+from rftflow.components.evaluation.verdicts import is_correct
+from rftflow.components.verify.rewards import campaign_rewards
 from rftflow.components.campaign.preflight import Preflight
 
 ALIAS = "champion"

@@ -44,7 +44,7 @@ from rftflow.components.data.tasksets import (Task, by_part, load_mixture, load_
 from rftflow.components.explore.workflows import make_workflow, table_episode_metrics
 from rftflow.components.verify import scoring
 from rftflow.components.verify.check import check_round, per_taskset_rewards
-from rftflow.components.verify.scoring import mixture_metrics
+from rftflow.components.evaluation.greedy import mixture_metrics
 from rftflow.components.explore.decode import forget_fused
 from rftflow.components.explore.engines import make_engine
 from rftflow.components.data.images import task_images

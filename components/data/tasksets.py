@@ -26,13 +26,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rftflow.components.config import SHIPPED_CONFIGS, ContractsConfig, TasksetConfig
+from rftflow.components.data.builtin_tasks import builtin_task_entries
 from rftflow.components.data.contracts import ContractBounds, ContractError, check, enforce
 from rftflow.components.data.images import image_digests
 from rftflow.components.data.python_functions import python_function_entries
 from rftflow.components.data.vision_tasks import vision_task_entries
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
-BUILTIN_PREFIX = "builtin:"  # tasksets of the built-in environments and tools (components.explore.environments)
+BUILTIN_PREFIX = "builtin:"  # tasksets of the built-in environments and tools (data.builtin_tasks)
 HUB_PREFIX = "hf:"  # a Hugging Face hub dataset, through `datasets`
 HUMAN_EVAL = "human_eval"
 SHIPPED_PREFIX = "data:"  # task files shipped with rftflow (configs/data)
@@ -304,8 +305,6 @@ def _generated_candidates(cfg: TasksetConfig, seed: int, size: int) -> list[dict
     """A generated taskset (reasoning-gym or built-in) as contract candidates, like a file's rows
     (``where`` = source#n)."""
     if cfg.source.startswith(BUILTIN_PREFIX):
-        from rftflow.components.explore.environments import builtin_task_entries
-
         name = cfg.source[len(BUILTIN_PREFIX):]
         generators = {"python_functions": python_function_entries, "vision": vision_task_entries}
         try:

@@ -3,7 +3,7 @@
 - ``score_answer``: the reasoning-gym dataset's own verifier (``Dataset.score_answer``); for file
   tasksets, which have no verifier, exact match.
 - ``exact_match``: 1.0 if the stripped response equals the stripped gold answer, else 0.0.
-- ``env_return``: an episode's return in its environment (``scoring.reward_of`` sums its step rewards).
+- ``env_return``: an episode's return in its environment (``evaluation.greedy.reward_of`` sums its step rewards).
 - ``code``: the response's program against the task's tests in a sandbox (``verify.code``).
 - ``judge``: an LLM's grade by a rubric, through an OpenAI-compatible endpoint (``verify.judge``).
 - ``reward_model``: a sequence-classification model's score of (prompt, response) (``verify.reward_model``).
@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 from rftflow.components.config import IMPORT_PATH, RewardConfig, TasksetConfig, reward_label
 from rftflow.components.data.tasksets import REASONING_GYM_PREFIX, Task
+from rftflow.components.evaluation.verdicts import Graded, is_correct  # is_correct: read from here too
 from rftflow.components.verify.imported import ImportedReward, RewardLoadError
 from rftflow.components.verify.scores import RewardUnavailable, Score
 from rftflow.components.verify.shaping import shaping_range
@@ -120,7 +121,7 @@ def _reward(name: str, cfg: RewardConfig, taskset_source: str, options: dict | N
     from rftflow.components.verify.vision import vision_answer
 
     functions = {"exact_match": exact_match, "math_verify": math_verify, "math": math_answer, "vision": vision_answer,
-                 # scored from the episode's step rewards (``scoring.reward_of``), not its text
+                 # scored from the episode's step rewards (``evaluation.greedy.reward_of``), not its text
                  "env_return": lambda response, task: 0.0}
     if name in functions:
         return FunctionReward(name, functions[name])
@@ -146,29 +147,6 @@ CORRECT_AT = {"reward_model": 0.5}  # a classifier's sigmoid: its decision bound
 
 def declared_range(name: str, reward) -> tuple[float, float] | None:
     return RANGES.get(name, getattr(reward, "range", (0.0, 1.0)))
-
-
-class Graded(float):
-    """A response's reward — the total, a float — that also says whether the response is correct
-    (its task's own reward reached its threshold) and each term's value (``terms``, name → value).
-    A float, so every consumer of rewards reads the total; accuracy reads ``is_correct``."""
-
-    correct: bool
-    terms: dict[str, float]
-
-    def __new__(cls, total: float, correct: bool, terms: dict[str, float]):
-        graded = super().__new__(cls, total)
-        graded.correct, graded.terms = correct, terms
-        return graded
-
-    def __reduce__(self):
-        return Graded, (float(self), self.correct, self.terms)
-
-
-def is_correct(value: float) -> bool:
-    """Whether a reward value counts as a correct response: its ``Graded.correct``; a plain value
-    (an episode's return) when it is at least 1."""
-    return value.correct if isinstance(value, Graded) else value >= 1.0
 
 
 class Rewards:

@@ -15,10 +15,9 @@ import pyarrow as pa
 from rftflow.components.config import WorkflowConfig
 from rftflow.components.data.experience import experience_id, make_experience, to_table
 from rftflow.components.data.tasksets import Task
+from rftflow.components.evaluation.greedy import episode_scores, evaluate_episodes
 from rftflow.components.explore.engines import Rollout
 from rftflow.components.explore.workflows.episodes import ChatFormat, Episode, run_episodes
-from rftflow.components.verify.rewards import is_correct
-from rftflow.components.verify.scoring import reward_of
 
 
 @dataclass
@@ -98,28 +97,14 @@ class Workflow(ABC):
     def greedy_episodes(self, engine, tasks: list[Task], max_new_tokens: int) -> list[Episode]:
         return [g[0] for g in self.run(tasks, engine, n=1, sampling=Sampling(max_new_tokens, greedy=True))]
 
-    @staticmethod
-    def score(episode: Episode, reward_fn, reward_name: str) -> float:
-        """The episode's reward (``scoring.reward_of``: its return, or the verifier on its final answer)."""
-        return reward_of(episode.text, episode.step_rewards, episode.task, reward_fn, reward_name)
-
     def greedy_scores(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> list[float]:
         """The reward of each task's greedy episode, in task order (promotion compares these)."""
-        return [self.score(e, reward_fn, reward_name) for e in self.greedy_episodes(engine, tasks, max_new_tokens)]
+        return episode_scores(self.greedy_episodes(engine, tasks, max_new_tokens), reward_fn, reward_name)
 
     def evaluate(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> dict[str, float]:
-        """Greedy episodes on ``tasks``: ``accuracy/held_out`` = share correct (``is_correct``), the
+        """Greedy episodes on ``tasks`` (``evaluation.greedy.evaluate_episodes``): the share correct, the
         mean reward, the share that finished, the model turns and tool calls per episode."""
-        episodes = self.greedy_episodes(engine, tasks, max_new_tokens)
-        scores = [self.score(e, reward_fn, reward_name) for e in episodes]
-        done = [e.finished for e in episodes]
-        n = max(1, len(episodes))
-        correct = [is_correct(s) for s in scores]  # the task's own reward at its threshold, not the total
-        return {"accuracy/held_out": sum(correct) / n, "accuracy/reward_mean": sum(scores) / n,
-                "accuracy/finished": sum(done) / n,
-                "accuracy/of_finished": sum(c and f for c, f in zip(correct, done)) / max(1, sum(done)),
-                "accuracy/turns_mean": sum(e.model_turns for e in episodes) / n,
-                "accuracy/tool_calls": sum(e.tool_calls for e in episodes) / n}
+        return evaluate_episodes(self.greedy_episodes(engine, tasks, max_new_tokens), reward_fn, reward_name)
 
 
 def episode_metrics(infos: list[dict]) -> dict[str, float]:

@@ -6,10 +6,10 @@ import pyarrow as pa
 
 from rftflow.components.data.images import images_argument
 from rftflow.components.data.tasksets import Task
+from rftflow.components.evaluation import greedy
 from rftflow.components.explore import explorer
 from rftflow.components.explore.workflows.base import Sampling, Workflow
 from rftflow.components.explore.workflows.episodes import Episode
-from rftflow.components.verify import scoring
 
 
 class SingleTurn(Workflow):
@@ -36,7 +36,7 @@ class SingleTurn(Workflow):
         return explorer.expert_demonstrations(engine, tasks, campaign=campaign, limit=limit)
 
     def evaluate(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> dict[str, float]:
-        return scoring.evaluate(engine, tasks, reward_fn, max_new_tokens)
+        return greedy.evaluate(engine, tasks, reward_fn, max_new_tokens)
 
     def greedy_scores(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> list[float]:
-        return scoring.greedy_scores(engine, tasks, reward_fn, max_new_tokens)
+        return greedy.greedy_scores(engine, tasks, reward_fn, max_new_tokens)

@@ -21,10 +21,10 @@ import json
 import re
 
 from rftflow.components.data.tasksets import Task
+from rftflow.components.evaluation.verdicts import is_correct
 from rftflow.components.explore.environments import tool_functions, tool_schema
 from rftflow.components.explore.workflows.base import Sampling, Workflow
 from rftflow.components.explore.workflows.episodes import Episode, call_with_timeout
-from rftflow.components.verify.rewards import is_correct
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 HERMES_SYSTEM = (

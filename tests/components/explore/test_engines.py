@@ -78,7 +78,7 @@ def test_evaluation_splits_accuracy_into_finished_answers_and_their_accuracy(tin
     from rftflow.components.algorithms import resolve
     from rftflow.components.config import TrainerConfig
     from rftflow.components.data.tasksets import Task
-    from rftflow.components.verify.scoring import evaluate
+    from rftflow.components.evaluation.greedy import evaluate
     from rftflow.components.train.trainer import Trainer
 
     model, tokenizer = tiny

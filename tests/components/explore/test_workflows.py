@@ -14,7 +14,7 @@ import torch
 
 from rftflow.components.config import WorkflowConfig
 from rftflow.components.data.contracts import ContractBounds, check_experiences
-from rftflow.components.explore.environments import builtin_task_entries
+from rftflow.components.data.builtin_tasks import builtin_task_entries
 from rftflow.components.explore.workflows import Sampling
 from rftflow.components.explore.workflows.episodes import ChatFormat
 from rftflow.components.train.batching import batch_tensors, response_logprobs
