@@ -105,17 +105,20 @@ MUTATIONS = [
 except (OSError, AttributeError):''', '''    ctypes.CDLL(None).prctl(1, 0)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 except (OSError, AttributeError):'''),
-    Mutation("trainer-rank-outlives", "a trainer process of rank > 0 never leaves once the campaign stops",
+    Mutation("trainer-helper-outlives", "a trainer process of rank > 0 leaves a helper process of its own behind "
+             "(in a session of its own: the launcher's stop does not reach it)",
              ("tests/flows/test_trainer_processes.py::test_ctrl_c_to_the_process_group_stops_both_processes_with_one_"
               "line",), "flows/launch.py", "        follow_trainer(cfg)\n",
-             "        follow_trainer(cfg)\n        while True:\n            signal.pause()\n"),
+             "        __import__('subprocess').Popen(['sleep', '900'], start_new_session=True,\n"
+             "                                       env={'PYTHONPATH': os.environ.get('PYTHONPATH', '')})\n"
+             "        follow_trainer(cfg)\n"),
     # conditions on events, not wall time
     Mutation("lease-not-renewed", "a lease's renewal writes the same bytes (its holder looks dead)",
              ("tests/components/buffer/test_leases.py::test_a_renewed_lease_is_kept_and_a_silent_one_is_taken_over",),
              "components/buffer/leases.py", "            lease.beat += 1\n", "            lease.beat += 0\n"),
     Mutation("lease-taken-early", "a live lease is taken over at the second look, renewed or not",
-             ("tests/flows/test_sharded_explorers.py::test_two_explorers_share_the_rounds_on_s3_and_the_store_holds_"
-              "each_experience_once",), "components/buffer/leases.py",
+             ("tests/components/buffer/test_leases.py::test_a_renewed_lease_is_kept_and_a_silent_one_is_taken_over",),
+             "components/buffer/leases.py",
              "            if first[0] != data:  # renewed since: its holder is alive",
              "            if False:  # renewed since: its holder is alive"),
     # asserts that bite
@@ -207,6 +210,17 @@ except (OSError, AttributeError):'''),
              "restored weights (a longer warm start than an uninterrupted one)",
              ("tests/components/campaign/test_warm_checkpoints.py",), "components/campaign/stages.py",
              "tc.warmup_lr, step_done, first=done)", "tc.warmup_lr, step_done, first=0)"),
+    # the layering table of docs/architecture.md
+    Mutation("layers-sideways", "explore's multi-turn workflow imports verify (a room of its own level)",
+             ("tests/test_layers.py::test_every_import_of_every_module_follows_the_layering_table",),
+             "components/explore/workflows/multi_turn.py",
+             "from rftflow.components.explore.environments import environment_factory\n",
+             "from rftflow.components.explore.environments import environment_factory\n"
+             "from rftflow.components.verify.rewards import is_correct\n"),
+    Mutation("layers-upward-in-a-function", "data imports explore inside a function (a room above it)",
+             ("tests/test_layers.py::test_every_import_of_every_module_follows_the_layering_table",),
+             "components/data/builtin_tasks.py", "    rng = random.Random(seed)\n",
+             "    from rftflow.components.explore.environments import calculator\n\n    rng = random.Random(seed)\n"),
 ]
 
 

@@ -1,10 +1,13 @@
-"""``rftflow run`` SIGKILLed at random moments (in explore, train, a shard write, a checkpoint
-write, …), then run again until it finishes: every trial ends with exactly its rounds in the store
-and in MLflow, the configured rows in every round, no experience twice, one MLflow run, and the
-final model bit for bit the uninterrupted run's (5 trials, 3 of them on S3; one more of a LoRA
-campaign, killed in training, whose adapter is compared: a torn checkpoint write is a full-weight
-trial's, and the adapter's checkpoint goes through the same write). Also: no process
-outlives a killed run, and SIGTERM stops a run at a safe point that the same command resumes.
+"""``rftflow run`` SIGKILLed at chosen points, then run again until it finishes: every trial ends
+with exactly its rounds in the store and in MLflow, the configured rows in every round, no
+experience twice, one MLflow run, and the final model bit for bit the uninterrupted run's (5
+trials, 3 of them on S3; one more of a LoRA campaign, killed in training, whose adapter is
+compared: a torn checkpoint write is a full-weight trial's, and the adapter's checkpoint goes
+through the same write). Two trials are killed inside a store write, held there by the kill point
+(``components/buffer/kill_point.py``): a shard's bytes stored and its commit marker not, a
+checkpoint's files stored and its manifest not; the others after a step's predecessor finished and
+before the step did. Also: no process outlives a killed run, and SIGTERM stops a run at a safe
+point that the same command resumes.
 The reference, the trials and the SIGTERM run go two at a time (single-threaded processes).
 
 The trials share one real ``prefect server start`` (PREFECT_API_URL), so each run does not pay
@@ -19,10 +22,13 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.flows.processes import outliving
 
 pytestmark = pytest.mark.slow  # 17 real runs of the CLI
 
@@ -80,6 +86,25 @@ def kill_during(run_dir: Path, step: str, delay: float, *extra: str, env: dict) 
     return lines
 
 
+def kill_inside(run_dir: Path, point: str, *extra: str, env: dict) -> tuple[list[str], str]:
+    """Start a run that stops inside the store write ``point`` (``RFTFLOW_KILL_POINT``, see
+    ``components/buffer/kill_point.py``) and SIGKILL it there; its output lines and the key it
+    stopped at. ``AssertionError`` if it ended without reaching the point."""
+    ready = run_dir.parent / f"{run_dir.name}.ready"
+    proc = rftflow(run_dir, *extra, env={**env, "RFTFLOW_KILL_POINT": point, "RFTFLOW_KILL_READY": str(ready)})
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    while not ready.exists() and proc.poll() is None:
+        time.sleep(0.05)
+    proc.kill()
+    code = proc.wait()
+    reader.join(timeout=60)
+    proc.stdout.close()
+    assert ready.exists() and code == -signal.SIGKILL, f"exited {code} before {point}: {''.join(lines)[-3000:]}"
+    return lines, ready.read_text().split()[1]
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -125,7 +150,10 @@ def env(cli_env, tmp_path_factory):
     return {**cli_env, "TASKS": str(tasks), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-KILL_AT = ["train[r=1]", "warm_start[r=0]", "buffer[r=2]", "checkpoint[r=2]", "sync[r=3]"]
+# where each trial is killed: during a step (after its predecessor finished), or inside a store write
+# (``<write>:<key part>``, see kill_inside): round 2's shard of experiences, round 2's checkpoint (v3)
+KILL_AT = ["train[r=1]", "warm_start[r=0]", "shard:experiences/usual/round=2/", "checkpoint:checkpoints/v000003",
+           "sync[r=3]"]
 TRIALS = range(len(KILL_AT))
 S3_TRIALS = range(2, 5)  # the trials that kill a write run on the S3 test server
 # a LoRA campaign (checkpoints hold the adapter and its optimizer state), killed in these steps
@@ -146,15 +174,38 @@ def reference_run(run_dir: Path, env: dict, extra: list[str] = ()) -> dict:
     return {"accuracy": summary["eval_accuracy_after"], "weights": final_weights(run_dir)}
 
 
-def kill_trial(run_dir: Path, env: dict, n: int, extra: list[str], step: str | None = None) -> dict:
-    """Trial ``n``: kill ``rftflow run`` during its step (``KILL_AT[n]`` unless given), then run the
-    same command once, to its end."""
-    step = step or KILL_AT[n]
-    # into the step: at once (a stage of this campaign takes milliseconds), or into the warm start's steps
-    delay = random.Random(n).uniform(0.0, 0.2) if step.startswith("warm_start") else 0.0
-    lines = kill_during(run_dir, step, delay, *extra, env=env)
+def kill_trial(run_dir: Path, env: dict, n: int, extra: list[str], step: str | None = None,
+               store: tuple[str, dict] | None = None) -> dict:
+    """Trial ``n``: kill ``rftflow run`` during its step or inside its store write (``KILL_AT[n]``
+    unless given), then run the same command once, to its end. Killed inside a write: what the
+    store ``store`` (URL, options) held at the kill goes in the result (``torn``: the write's own
+    keys present, and whether its commit object was)."""
+    step, torn = step or KILL_AT[n], None
+    if "[" not in step:
+        from rftflow.components.buffer.layout import recorded_store
+        from rftflow.components.buffer.store import open_store
+
+        lines, key = kill_inside(run_dir, step, *extra, env=env)
+        url, options = store or recorded_store(run_dir)
+        torn = _torn_write(step.split(":")[0], key, open_store(url, **options))
+    else:  # into the step: at once (a stage of this campaign takes milliseconds), or into the warm start's steps
+        delay = random.Random(n).uniform(0.0, 0.2) if step.startswith("warm_start") else 0.0
+        lines = kill_during(run_dir, step, delay, *extra, env=env)
     finish(run_dir, *extra, env=env)
-    return {"run_dir": run_dir, "lines": lines}
+    return {"run_dir": run_dir, "lines": lines, "torn": torn}
+
+
+def _torn_write(point: str, key: str, objects) -> dict:
+    """What a write killed at ``point`` (the shard's or checkpoint's ``key``) left in the store."""
+    from rftflow.components.buffer.layout import CHECKPOINT_MANIFEST
+    from rftflow.components.buffer.shards import COMMIT_DIR
+
+    if point == "shard":
+        prefix, name = key.rsplit("/", 1)
+        marker = f"{prefix}/{COMMIT_DIR}/{name.removesuffix('.parquet')}.json"
+        return {"key": key, "written": objects.exists(key), "committed": objects.exists(marker)}
+    return {"key": key, "written": len(objects.list(key + "/")) > 0,
+            "committed": objects.exists(f"{key}/{CHECKPOINT_MANIFEST}")}
 
 
 def sigterm_run(run_dir: Path, env: dict) -> dict:
@@ -186,13 +237,20 @@ def runs(env, tmp_path_factory, request) -> dict:
 
     server = request.getfixturevalue("s3_server")  # sets the AWS_ variables
     s3_env = {**env, **{k: os.environ[k] for k in os.environ if k.startswith("AWS_")}}
-    extras = {n: [f"storage.url=s3://{server.new_bucket()}/trial{n}", f"storage.endpoint_url={server.endpoint_url}",
+    buckets = {n: server.new_bucket() for n in S3_TRIALS}
+    extras = {n: [f"storage.url=s3://{buckets[n]}/trial{n}", f"storage.endpoint_url={server.endpoint_url}",
                   "storage.addressing_style=path"] if n in S3_TRIALS else [] for n in TRIALS}
+    stores = {n: (f"s3://{buckets[n]}/trial{n}", {"endpoint_url": server.endpoint_url, "addressing_style": "path"})
+              for n in S3_TRIALS}
     jobs = {"reference": (reference_run, env), "sigterm": (sigterm_run, env),
-            **{n: (partial(kill_trial, n=n, extra=extras[n]), s3_env if extras[n] else env) for n in TRIALS},
+            **{n: (partial(kill_trial, n=n, extra=extras[n], store=stores.get(n)), s3_env if extras[n] else env)
+               for n in TRIALS},
             "lora-reference": (partial(reference_run, extra=LORA), env),
             **{f"lora-{step}": (partial(kill_trial, n=i, extra=LORA, step=step), env)
                for i, step in enumerate(LORA_KILL_AT)}}
+
+    chosen = {item.name for item in request.session.items if item.path == request.path}  # after -k and the like
+    jobs = {name: job for name, job in jobs.items() if _needed(name, chosen)}
 
     def job(name) -> dict:
         work, job_env = jobs[name]
@@ -203,6 +261,16 @@ def runs(env, tmp_path_factory, request) -> dict:
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(zip(jobs, pool.map(job, jobs)))
+
+
+def _needed(job, chosen: set[str]) -> bool:
+    """Whether a selected test (``chosen``: their names) reads job ``job``'s result."""
+    trials = {f"test_a_killed_run_resumes_to_the_uninterrupted_result[{n}]" for n in TRIALS} & chosen
+    sigterm = any(name.startswith("test_sigterm") for name in chosen)
+    lora = {name[name.index("[") + 1:-1] for name in chosen if name.startswith("test_a_killed_lora_run")}
+    return {"reference": bool(trials) or sigterm, "sigterm": sigterm, "lora-reference": bool(lora)}.get(
+        job, f"test_a_killed_run_resumes_to_the_uninterrupted_result[{job}]" in trials
+        or str(job).removeprefix("lora-") in lora)
 
 
 def outcome(runs: dict, name) -> dict:
@@ -223,6 +291,8 @@ def reference(runs) -> dict:
 def test_a_killed_run_resumes_to_the_uninterrupted_result(trial, runs, env, reference):
     killed = outcome(runs, trial)
     assert not any("Task run 'register" in line for line in killed["lines"]), "killed too late: the run had finished"
+    if killed["torn"] is not None:  # killed inside the write: its data stored, its commit not
+        assert killed["torn"]["written"] and not killed["torn"]["committed"], killed["torn"]
     check_trial(killed["run_dir"], reference)
     # the killed attempt's flow run no longer says Running in Prefect
     from prefect import get_client
@@ -276,19 +346,7 @@ def test_no_process_outlives_a_killed_run(env, tmp_path):
     proc.kill()
     proc.wait()
     proc.stdout.close()
-    deadline = time.time() + 10
-    while time.time() < deadline and any(_running(p) for p in servers):
-        time.sleep(0.2)
-    assert not [p for p in servers if _running(p)], "the Prefect server outlived its run"
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (an ended process nobody reaped yet)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status
+    assert not outliving(set(servers)), "the Prefect server outlived its run"
 
 
 def test_sigterm_stops_at_a_safe_point_in_one_line_and_the_same_command_resumes(runs, reference):
