@@ -292,7 +292,8 @@ def check_images(cfg, samples: dict, algorithm) -> None:
         refusals = [(not is_vision_model(cfg.model.path), f"model.path {cfg.model.path} is a text model; use a "
                      "vision-language model (builtin:tiny-vlm, an Idefics3 or SmolVLM directory)"),
                     (cfg.explorer.engine != "hf", f"explorer.engine {cfg.explorer.engine} samples text only; use hf"),
-                    (taskset.workflow != "single_turn", f"workflow {taskset.workflow} takes no images; use single_turn"),
+                    (taskset.workflow != "single_turn",
+                     f"workflow {taskset.workflow} takes no images; use single_turn"),
                     (cfg.model.lora is not None, "model.lora on a vision-language model is not supported yet"),
                     (algorithm.needs_critic, f"algorithm {algorithm.name}'s critic reads no images; use one without "
                      "a critic (grpo, …)")]

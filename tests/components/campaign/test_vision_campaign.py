@@ -41,7 +41,8 @@ def test_a_vision_campaign_trains_on_rows_that_keep_their_pictures(tmp_path):
     from rftflow.components.explore.models import load_model, load_processor
 
     model, tokenizer = load_model(str(tmp_path / "run" / "model"))
-    engine = HFRolloutEngine(model, tokenizer, chat_template=True, processor=load_processor(str(tmp_path / "run" / "model")))
+    saved = load_processor(str(tmp_path / "run" / "model"))
+    engine = HFRolloutEngine(model, tokenizer, chat_template=True, processor=saved)
     some = campaign.eval_tasks[:4]
     args = dict(**images_argument(some), n=1, max_new_tokens=6, greedy=True)
     ours = engine.generate([t.prompt for t in some], **args)
