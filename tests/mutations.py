@@ -221,17 +221,6 @@ except (OSError, AttributeError):'''),
              ("tests/test_layers.py::test_every_import_of_every_module_follows_the_layering_table",),
              "components/data/builtin_tasks.py", "    rng = random.Random(seed)\n",
              "    from rftflow.components.explore.environments import calculator\n\n    rng = random.Random(seed)\n"),
-    # the layering table of docs/architecture.md
-    Mutation("layers-sideways", "explore's multi-turn workflow imports verify (a room of its own level)",
-             ("tests/test_layers.py::test_every_import_of_every_module_follows_the_layering_table",),
-             "components/explore/workflows/multi_turn.py",
-             "from rftflow.components.explore.environments import environment_factory\n",
-             "from rftflow.components.explore.environments import environment_factory\n"
-             "from rftflow.components.verify.rewards import is_correct\n"),
-    Mutation("layers-upward-in-a-function", "data imports explore inside a function (a room above it)",
-             ("tests/test_layers.py::test_every_import_of_every_module_follows_the_layering_table",),
-             "components/data/builtin_tasks.py", "    rng = random.Random(seed)\n",
-             "    from rftflow.components.explore.environments import calculator\n\n    rng = random.Random(seed)\n"),
 ]
 
 
