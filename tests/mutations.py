@@ -148,6 +148,10 @@ except (OSError, AttributeError):'''),
              "components/verify/code.py", "def extract_program(response: str, task: Task) -> str:\n",
              "def extract_program(response: str, task: Task) -> str:\n    return _extract(response, task)[:-2]\n\n\n"
              "def _extract(response: str, task: Task) -> str:\n"),
+    Mutation("reward-call-abandoned", "a team's reward call past its timeout is left running, not killed",
+             ("tests/components/verify/test_rewards.py::test_a_timed_out_call_is_killed_and_its_rows_quarantined_"
+              "while_the_others_score",), "components/verify/imported.py",
+             "            self.close(wait=0)\n", "            self.conn.close()\n"),
     Mutation("judge-scale", "the judge's grade is read on a scale of 10 whatever the rubric's max_score",
              ("tests/components/explore/test_server_engines.py::test_a_campaign_scored_by_a_judge_on_the_server_"
               "stores_its_grades",), "components/verify/judge.py", "read_score(text, s.max_score, s.guided) / s.max_score",

@@ -2,8 +2,10 @@
 good and broken."""
 
 import math
+import os
 import re
 import time
+from pathlib import Path
 
 from rftflow.components.verify.scores import Score
 
@@ -61,10 +63,14 @@ def text(response, task):
 
 
 def hangs(response, task):
+    """Stuck for good on two inputs; each stuck call first writes its process id to a file in
+    ``$HANGS_PIDS`` (when set), so a test can see that process killed."""
+    if os.environ.get("HANGS_PIDS") and ("(a+)+$" in task.question or "sleep" in response):
+        (Path(os.environ["HANGS_PIDS"]) / f"{os.getpid()}-{len(response)}").write_text(str(os.getpid()))
     if "(a+)+$" in task.question:  # a hostile response against a backtracking pattern: no timeout in C code
         re.match(r"(a+)+$", response)
     if "sleep" in response:
-        time.sleep(60)
+        time.sleep(3600)
     return 1.0
 
 

@@ -4,6 +4,7 @@ import path and its failures; weighted combinations; accuracy from the task's ow
 import logging
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -122,19 +123,31 @@ def test_such_rows_are_quarantined_with_the_reason_and_the_others_kept():
         enforce(checked.verdict, 0.1, "round 1 experiences")  # repeated failures stop the round, as a bad sandbox's
 
 
-def test_a_timed_out_call_is_killed_and_its_rows_quarantined_while_the_others_score():
+def test_a_timed_out_call_is_killed_and_its_rows_quarantined_while_the_others_score(tmp_path, monkeypatch):
+    monkeypatch.setenv("HANGS_PIDS", str(tmp_path))  # each stuck call leaves its process id here
     rewards = _rewards(function=f"{TEAM}:hangs", timeout_seconds=2, workers=2)
     hostile = Task("h", "(a+)+$", "(a+)+$", "1")
     try:
-        started = time.monotonic()
         scores = rewards.score_many(["fine", "a" * 40 + "!", "sleep", "fine"], [SUM, hostile, SUM, SUM])
-        took = time.monotonic() - started
         assert [s.value for s in scores] == [1.0, None, None, 1.0]
         assert scores[1].reason == f"{TEAM}:hangs timed out after 2 s (reward.timeout_seconds)"
+        # both stuck calls' processes were killed (they would sleep an hour, backtrack for years), not waited for
+        stuck = [int(f.read_text()) for f in tmp_path.iterdir()]
+        deadline = time.monotonic() + 60  # a bound for a loaded machine: a killed process ends in milliseconds
+        while any(map(_alive, stuck)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(stuck) == 2 and not [pid for pid in stuck if _alive(pid)], stuck
         assert rewards.score_many(["fine"], [SUM])[0].value == 1.0  # a new process took the killed one's place
     finally:
         rewards.close()
-    assert took < 50  # both stuck calls were killed, not waited for (sleep 60, backtracking for years)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie nobody reaped yet counts as ended)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
 
 
 def test_functions_batched_functions_and_classes_score_and_classes_are_closed():
