@@ -362,7 +362,12 @@ def _walk(run: CampaignRun, plan: TaskRunPlan, monitor: UIMonitor, show_progress
     """Every step left (``run.phases``, the schedule), as task runs as ``plan`` cuts them; the summary."""
     with CampaignProgress(run.cfg, enabled=show_progress) as progress:
         _stop_if_asked(run, None)  # asked while the campaign was loading
-        run.on_warmup_step = progress.warmup
+
+        def warmup_step(step: int, metrics: dict[str, float]) -> None:  # the warm start's progress, terminal and UIs
+            progress.warmup(step, metrics)
+            monitor.warmup(step, metrics)
+
+        run.on_warmup_step = warmup_step
         first_round = run.rounds_left.start
         phases = plan.cut(list(run.phases()))
         round_ends = _round_ends(phases)

@@ -138,8 +138,8 @@ class CampaignProgress:
         the newest held-out accuracy."""
         self.round_pace.update(round_no)
         eta = eta_text(self.round_pace.seconds_left()) if round_no < self.cfg.rounds else None
-        parts = [f"reward {reward:.3f}" if reward is not None else "", f"acc {accuracy:.3f}" if accuracy is not None else "",
-                 f"eta {eta}" if eta else ""]
+        parts = [f"reward {reward:.3f}" if reward is not None else "",
+                 f"acc {accuracy:.3f}" if accuracy is not None else "", f"eta {eta}" if eta else ""]
         status = "  ".join(p for p in parts if p)
         if self.plain:
             if self._due(round_no == self.cfg.rounds):

@@ -76,9 +76,13 @@ class CampaignRun:
         self.state, self.killed = claim(self.states, cfg.name, cfg.model_dump(mode="json"), flow_run_id)
         try:
             self.campaign = Campaign(checked, store=store, stop=stop)  # loads the models
+            # one MLflow run per incarnation (a --restart makes the next), named after its first attempt
             self.tracker = Tracker(checked.tracking_uri, cfg.tracking.experiment, run_name(cfg, out),
                                    artifact_root=out / "mlartifacts", run_id=self.state.mlflow_run_id,
-                                   tags={"campaign": cfg.name, "rftflow.mode": cfg.mode, "rftflow.version": VERSION,
+                                   attempt=len(self.state.attempts),
+                                   tags={"campaign": cfg.name, "rftflow.campaign_label": checked.label,
+                                         "rftflow.run_dir": str(out), "rftflow.mode": cfg.mode,
+                                         "rftflow.version": VERSION,
                                          "prefect.flow_run_id": flow_run_id or "",
                                          "prefect.flow_run_url": flow_run_url or "",
                                          "mlflow.source.name": "rftflow.flows.campaign.rft_campaign",
@@ -89,6 +93,7 @@ class CampaignRun:
                             "stopped at once while loading" if stopped else f"{type(e).__name__}: {first_line(e)}")
             raise
         self.tracker.log_params(cfg.model_dump(mode="json"))
+        self.attempt: int = self.tracker.attempt  # counted across restarts: flow runs and artifacts show it
         self.state.mlflow_run_id = self.tracker.run_id
         self.states.write(self.state)
         self.on_warmup_step: Callable[[int, dict[str, float]], None] | None = None  # progress display hook
@@ -320,7 +325,8 @@ class CampaignRun:
         files), naming its base by a ``models:/`` reference (``register_base``; tag ``base_model``)."""
         name = self.cfg.tracking.registered_model
         accuracy = self.state.evals.get(str(round_no))
-        tags = {"campaign": self.cfg.name, "eval_accuracy": f"{accuracy:.4f}" if accuracy is not None else "",
+        tags = {"campaign": self.cfg.name, "campaign_label": self.checked.label, "run_dir": str(self.run_dir),
+                "eval_accuracy": f"{accuracy:.4f}" if accuracy is not None else "",
                 "prefect.flow_run_id": self.flow_run_id or ""}
         trainer = self.campaign.trainer
         if trainer.lora:

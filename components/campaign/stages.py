@@ -249,13 +249,16 @@ class Campaign:
         def step_done(step: int, step_metrics: dict[str, float]) -> bool:
             nonlocal done, near, saved_at
             done = step
-            if progress is not None:
-                progress(step, step_metrics)
+            reached = False
             if tc.warmup_until is not None and (near or step % tc.warmup_check_every == 0):
                 metrics["warmup/check_accuracy"] = accuracy = self.warm_accuracy()
                 near = near or (tc.warmup_check_near is not None and accuracy >= tc.warmup_check_near)
-                if accuracy >= tc.warmup_until:
-                    return True
+                reached = accuracy >= tc.warmup_until
+                step_metrics = {**step_metrics, "warmup/check_accuracy": accuracy}
+            if progress is not None:  # the step's loss, and its check's accuracy where it had one
+                progress(step, step_metrics)
+            if reached:
+                return True
             every, minutes = tc.warmup_checkpoint_every, tc.warmup_checkpoint_minutes
             due = (every and step % every == 0) or (minutes and time.monotonic() - saved_at >= 60 * minutes)
             if self.stop.reason or (due and step < steps):

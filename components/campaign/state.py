@@ -215,20 +215,22 @@ def claim(states: StateStore, campaign: str, config: dict[str, Any], flow_run_id
 
 
 def tracked_attempts(tracking_uri: str, experiment: str, run_name: str) -> list[str]:
-    """The MLflow runs named ``run_name`` in ``experiment`` that no restart moved aside (tag
-    ``rftflow.moved_aside``), oldest first: the attempts a tracking store remembers of a campaign in
-    one run dir. A run dir's own SQLite store that does not exist remembers none (nothing is made)."""
+    """The MLflow runs of ``run_name`` in ``experiment`` (``tracking.campaign_runs``) that no restart
+    moved aside (tag ``rftflow.moved_aside``), oldest first: the attempts a tracking store remembers
+    of a campaign in one run dir. A run dir's own SQLite store that does not exist remembers none
+    (nothing is made)."""
     if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
         return []
     from mlflow import MlflowClient
+
+    from rftflow.components.tracking import campaign_runs
 
     try:
         client = MlflowClient(tracking_uri)
         experiment_found = client.get_experiment_by_name(experiment)
         if experiment_found is None:
             return []
-        runs = client.search_runs([experiment_found.experiment_id], f"attributes.run_name = '{run_name}'",
-                                  order_by=["attributes.start_time ASC"])
+        runs = campaign_runs(client, experiment_found.experiment_id, run_name)
     except Exception as e:  # noqa: BLE001 — MLflow's errors, in one line naming the store
         from rftflow.components.secrets import redact_url
 

@@ -63,3 +63,43 @@ def test_a_new_sqlite_store_is_a_copy_of_the_one_mlflow_sets_up(tmp_path, monkey
     seed_sqlite_store(f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}")  # a store that exists is left as it is
     assert (tmp_path / "a" / "mlflow.db").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["mlflow.db"]  # no copy left behind
+
+
+def test_sizes_and_choices_made_once_are_run_tags_never_metrics(tmp_path):
+    from rftflow.components.tracking import TAGGED
+
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "rftflow", "sizes", artifact_root=tmp_path / "art")
+    tracker.log_metrics({"tasks/train": 290.0, "warmup/steps": 30.0, "time/prefect_share": 0.0123456}, step=0,
+                        defer=True)
+    tracker.log_metrics({"reward/mean": 0.5}, step=1)
+    run = tracker.client.get_run(tracker.run_id)
+    assert set(run.data.metrics) == {"reward/mean"} and not set(run.data.metrics) & TAGGED
+    assert {k: run.data.tags[k] for k in ("tasks/train", "warmup/steps", "time/prefect_share")} == {
+        "tasks/train": "290", "warmup/steps": "30", "time/prefect_share": "0.01235"}
+
+
+def test_attempts_are_numbered_across_restarts_and_a_resume_keeps_its_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    old = Tracker(uri, "rftflow", "camp-3f2a1c", artifact_root=tmp_path / "art")  # made before attempts were numbered
+    first = Tracker(uri, "rftflow", "camp-3f2a1c", artifact_root=tmp_path / "art", attempt=1)
+    assert (old.run_name, first.run_name, first.attempt) == ("camp-3f2a1c", "camp-3f2a1c-a2", 2)
+    resumed = Tracker(uri, "rftflow", "camp-3f2a1c", run_id=first.run_id, attempt=2)  # the state's second attempt
+    assert resumed.attempt == 3 and resumed.client.get_run(first.run_id).data.tags["rftflow.attempt"] == "3"
+    restarted = Tracker(uri, "rftflow", "camp-3f2a1c", artifact_root=tmp_path / "art", attempt=1)  # a new state
+    run = restarted.client.get_run(restarted.run_id)
+    assert (run.info.run_name, restarted.attempt) == ("camp-3f2a1c-a4", 4)
+    assert run.data.tags["rftflow.attempts_before"] == "3"
+    other = Tracker(uri, "rftflow", "camp-9e8d7c", artifact_root=tmp_path / "art", attempt=1)  # another run dir
+    assert other.run_name == "camp-9e8d7c-a1"
+
+
+def test_every_link_opens_the_training_view_on_its_page():
+    from rftflow.components.tracking import experiment_url, model_version_url, run_url
+
+    ui = "http://mlflow.example:5000/"
+    assert run_url(ui, "3", "abc") == "http://mlflow.example:5000/#/experiments/3/runs/abc/model-metrics" \
+                                      "?workflowType=machine_learning"
+    assert model_version_url(ui, "team/arith tiny", "2") == \
+        "http://mlflow.example:5000/#/models/team%2Farith%20tiny/versions/2?workflowType=machine_learning"
+    assert experiment_url(ui, "3").startswith("http://mlflow.example:5000/#/experiments/3/runs?")
+    assert experiment_url(ui, "3").endswith("&workflowType=machine_learning")

@@ -138,11 +138,11 @@ def test_the_campaign_deployment_runs_through_the_worker_into_prefect_and_the_ml
     name = artifact_key(campaign_label(summary["campaign"], run_dir), "a1")  # <name>-<run dir's hash>-a<attempt>
     assert {f"{name}-progress", f"{name}-rounds", f"{name}-summary"} <= keys, keys
     markdown = next(a for a in artifacts if a.key == f"{name}-summary").data
-    assert f"{servers['mlflow']}/#/experiments/" in markdown and f"/runs/{summary['mlflow_run_id']}?workflowType=machine_learning)" in markdown
+    assert f"{servers['mlflow']}/#/experiments/" in markdown and f"/runs/{summary['mlflow_run_id']}/model-metrics?workflowType=machine_learning)" in markdown
 
     client = MlflowClient(servers["mlflow"], registry_uri=servers["mlflow"])
     mlflow_run = client.get_run(summary["mlflow_run_id"])
-    assert mlflow_run.info.status == "FINISHED" and mlflow_run.info.run_name == campaign_label(summary["campaign"], run_dir)
+    assert mlflow_run.info.status == "FINISHED" and mlflow_run.info.run_name == f'{campaign_label(summary["campaign"], run_dir)}-a1'
     assert sorted(m.step for m in client.get_metric_history(mlflow_run.info.run_id, "reward/mean")) == [1, 2]
     assert mlflow_run.info.artifact_uri.startswith("mlflow-artifacts:")  # stored by the server, not by the worker
     assert (servers["work"] / "mlartifacts").is_dir()

@@ -1,10 +1,12 @@
 """Monitoring at a glance, read back from a real ``prefect server start`` and ``mlflow server``
 (both started by ``rftflow up``, as a user does): after ``up``, a campaign reports to them with no
 export; its flow run's tags say where it is while it runs, which campaign and MLflow run it is, and
-which model it registered; a link artifact opens the MLflow run in the training view; two
-campaigns of one name in two run dirs never share a name; one artifact card per kind; the MLflow
-experiment is tagged for the training view, its headline metric sections come first and no metric
-is one the config fixes; and the alert automation calls a webhook when a campaign fails (its store goes away mid-run)."""
+which model it registered and where; a link artifact opens the MLflow run's charts in the training
+view; two campaigns of one name in two run dirs never share a name; one artifact card per kind; the
+MLflow experiment is tagged for the training view with its runs table's columns, its headline
+metric sections come first and no metric is one the config fixes; two campaigns of a team write to
+one tracking server at once and sit side by side; and the alert automation calls a webhook when a
+campaign fails (its store goes away mid-run)."""
 
 from __future__ import annotations
 
@@ -87,18 +89,19 @@ def test_the_flow_run_tags_say_where_it_is_while_it_runs_and_which_run_it_is(up,
     assert any(t.startswith("accuracy ") for tags in watched["seen"] for t in tags)
     summary, tags = watched["summary"], set(watched["flow_run"]["tags"])
     assert {f"mlflow {summary['mlflow_run_id']}", "round 12/12", f"reward {summary['reward_mean_last_round']:.3f}",
-            f"model {summary['model_name']} v{summary['model_version']}"} <= tags, tags
+            f"model {summary['model_name']} v{summary['model_version']} (a/mlflow.db)"} <= tags, tags  # its registry
     assert any(t.startswith("campaign watched-") for t in tags)
 
 
 def test_one_artifact_card_per_kind_and_a_link_to_the_mlflow_run_in_the_training_view(up, watched):
     artifacts = _api(up, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [watched["flow_run"]["id"]]}}})
-    kinds = sorted(a["key"].rsplit("-", 1)[1] for a in artifacts)
-    assert kinds == ["mlflow", "progress", "rounds", "summary"], [a["key"] for a in artifacts]
+    kinds = sorted(a["key"].split("-a1-", 1)[1] for a in artifacts)
+    assert kinds == ["mlflow", "progress", "rounds", "summary", "warm-start"], [a["key"] for a in artifacts]
     (link,) = [a for a in artifacts if a["key"].endswith("-mlflow")]
     run_id = watched["summary"]["mlflow_run_id"]
-    assert re.search(rf"{re.escape(up['mlflow'])}/#/experiments/\d+/runs/{run_id}\?workflowType=machine_learning",
-                     link["data"]), link["data"]
+    assert re.fullmatch(rf"\[MLflow run watched-[0-9a-f]{{6}}-a1 \(watched-[0-9a-f]{{6}}\)\]\({re.escape(up['mlflow'])}"
+                        rf"/#/experiments/\d+/runs/{run_id}/model-metrics\?workflowType=machine_learning\)",
+                        link["data"]), link["data"]  # the run's charts
     (table,) = [a for a in artifacts if a["key"].endswith("-rounds")]
     assert [r["round"] for r in json.loads(table["data"])] == list(range(13))  # round 0 (before) to 12
 
@@ -110,6 +113,14 @@ def test_the_mlflow_experiment_opens_for_training_with_the_headline_charts_first
     experiment = _api(up, f"/experiments/get?experiment_id={run['info']['experiment_id']}", server="mlflow")
     tags = {t["key"]: t["value"] for t in experiment["experiment"].get("tags", [])}
     assert tags["mlflow.experimentKind"] == "custom_model_development"
+    # the runs table's saved view (the summary's experiment link opens it): the key metrics and progress as columns
+    columns = json.loads(tags["mlflow.sharedViewState.rftflow"])["selectedColumns"]
+    assert columns[:5] == ["metrics.`accuracy/held_out`", "metrics.`reward/mean`", "metrics.`loss/total`",
+                           "tags.`rftflow.progress`", "tags.`rftflow.eta`"], columns
+    summary = _summary_card(up, watched)
+    assert f"({up['mlflow']}/#/experiments/{run['info']['experiment_id']}/runs?viewStateShareKey=rftflow&" \
+           "workflowType=machine_learning)" in summary, summary
+    assert f"({up['mlflow']}/#/models/arith-tiny/versions/1?workflowType=machine_learning)" in summary, summary
     metrics = {m["key"] for m in run["data"]["metrics"]}
     assert not metrics & NOT_CHARTED and "sample/staleness_max" not in metrics  # fixed by the config here
     sections = sorted({m.split("/", 1)[0] for m in metrics})
@@ -120,6 +131,12 @@ def test_the_mlflow_experiment_opens_for_training_with_the_headline_charts_first
     assert sorted(m["step"] for m in history) == [0, 4, 8, 12]  # before and after on one chart, from step 0
 
 
+def _summary_card(up, watched) -> str:
+    artifacts = _api(up, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [watched["flow_run"]["id"]]}}})
+    (card,) = [a for a in artifacts if a["key"].endswith("-summary")]
+    return card["data"]
+
+
 def test_two_campaigns_of_one_name_in_two_run_dirs_never_share_a_name(up, watched):
     code, out = run_to_end(["run", "--run-dir", str(up["home"] / "b"), "--no-progress", *sets(*SMALL, "rounds=2")],
                            env=up["env"])
@@ -127,12 +144,41 @@ def test_two_campaigns_of_one_name_in_two_run_dirs_never_share_a_name(up, watche
     names = sorted(r["name"] for r in _flow_runs(up, "watched-%"))
     assert len(names) == 2 and names[0] != names[1] and all(n.endswith("-a1") for n in names)
     keys = {a["key"] for a in _api(up, "/artifacts/filter", {}) if a["key"] and a["key"].startswith("watched-")}
-    assert len(keys) == 4 + 3  # A's four kinds, B's three (no MLflow server over B: no link)
+    assert len(keys) == 5 + 4  # A's five kinds, B's four (no MLflow server over B: no link)
     from mlflow import MlflowClient
 
     runs = [MlflowClient(f"sqlite:///{up['home'] / d / 'mlflow.db'}").get_run(
         json.loads((up["home"] / d / "summary.json").read_text())["mlflow_run_id"]).info.run_name for d in ("a", "b")]
-    assert runs[0] != runs[1] and all(r.startswith("watched-") for r in runs)
+    assert runs[0] != runs[1] and all(re.fullmatch(r"watched-[0-9a-f]{6}-a1", r) for r in runs), runs
+
+
+def test_a_teams_campaigns_written_at_once_to_one_tracking_server_sit_side_by_side(up, watched):
+    """The team view: campaigns name the team's MLflow server (``tracking.uri``; here the one ``up``
+    runs), two of one name in two run dirs write to it at once; its experiment holds both, named
+    apart, and the registered model's versions say which campaign made them."""
+    from mlflow import MlflowClient
+
+    runs = [UserRun(["run", "--run-dir", str(up["home"] / d), "--no-progress",
+                     *sets(*SMALL, "name=team", "rounds=2", f"tracking.uri={up['mlflow']}",
+                           "tracking.registered_model=team-tiny")], env=up["env"]) for d in ("c", "d")]
+    for run in runs:
+        code, out = run.finish()
+        assert code == 0, out[-3000:]
+        clean(out)
+    summaries = [json.loads((up["home"] / d / "summary.json").read_text()) for d in ("c", "d")]
+    client = MlflowClient(up["mlflow"], registry_uri=up["mlflow"])
+    team = [client.get_run(s["mlflow_run_id"]) for s in summaries]
+    assert len({r.info.experiment_id for r in team}) == 1  # one experiment, side by side
+    labels = [r.data.tags["rftflow.campaign_label"] for r in team]
+    assert labels[0] != labels[1] and [r.info.run_name for r in team] == [f"{label}-a1" for label in labels]
+    assert [r.data.tags["rftflow.run_dir"] for r in team] == [str(up["home"] / d) for d in ("c", "d")]
+    versions = {v.tags["campaign_label"]: v for v in client.search_model_versions("name='team-tiny'")}
+    assert set(versions) == set(labels)  # two versions of one name, each saying whose it is
+    assert {versions[label].run_id for label in labels} == {r.info.run_id for r in team}
+    assert "rftflow.progress" in team[0].data.tags and "rftflow.eta" in team[0].data.tags  # runs-table columns
+    (flow_run,) = [r for r in _flow_runs(up, "team-%") if r["id"] == summaries[0]["prefect_flow_run_id"]]
+    host = urlsplit(up["mlflow"]).netloc
+    assert f"model team-tiny v{summaries[0]['model_version']} ({host})" in flow_run["tags"], flow_run["tags"]
 
 
 class _Receiver(BaseHTTPRequestHandler):
