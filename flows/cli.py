@@ -278,7 +278,11 @@ def promote(
     overrides: Annotated[list[str], typer.Option("--set", help="Override a key: --set promotion.margin=0.05")] = [],  # noqa: B006
 ) -> None:
     """Move the registered model's `champion` alias to a challenger only if it is clearly better on
-    the campaign's held-out tasks; print the decision in one line (exit 0 either way)."""
+    the campaign's held-out tasks; print the decision in one line (exit 0 either way), and on stderr
+    the Prefect server its flow run is kept on, or that none keeps it."""
+    _report_to_up()
+    if not os.environ.get("PREFECT_API_URL"):  # its own API, gone when the command ends: no "View at" link to it
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     from rftflow.flows.prefect_api import booting_prefect_api
 
     loaded = _load_config(config, overrides)
@@ -287,11 +291,39 @@ def promote(
         from rftflow.flows.promote import promote_model
 
         _collector_on()
-        prefect_api_ready()
+        kept = not prefect_api_ready()  # None: the environment names a server that outlives the command
         state = promote_model(str(config or DEFAULT_CONFIG), str(checked.run_dir), overrides=list(overrides),
                               version=version, return_state=True)
     _exit_on(state)
-    Console().print(state.result()["line"], highlight=False, soft_wrap=True)
+    decision = state.result()
+    Console().print(decision["line"], highlight=False, soft_wrap=True)
+    err.print(_flow_run_line(state.state_details.flow_run_id, kept), highlight=False, soft_wrap=True)
+    err.print(_model_line(checked, decision["model"], decision["challenger"]), highlight=False, soft_wrap=True)
+
+
+def _flow_run_line(flow_run_id, kept: bool) -> str:
+    """Where the flow run of a command can be seen: its page on the Prefect server it reported to,
+    or that none keeps it (the command's own API ended with it)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    ui = PREFECT_UI_URL.value()
+    if kept and ui and flow_run_id:
+        return f"flow run: {ui.rstrip('/')}/runs/flow-run/{flow_run_id}"
+    return "flow run: on no server (this command's own Prefect API ended with it; `rftflow up` keeps one)"
+
+
+def _model_line(checked, model: str, version: str) -> str:
+    """Where the challenger's page is: on the MLflow tracking server, or on the one `rftflow up`
+    serves over the run dir; else the store it is in."""
+    from rftflow.components.secrets import redact_url
+    from rftflow.components.tracking import is_tracking_server, model_version_url
+    from rftflow.flows.servers import served
+
+    uri = checked.tracking_uri
+    ui = uri if is_tracking_server(uri) else served(checked.run_dir).get("mlflow")
+    if ui:
+        return f"mlflow: {model_version_url(ui, model, version)}"
+    return f"mlflow: no server shows it; its registry is {redact_url(uri)} (`rftflow up {checked.run_dir}` serves it)"
 
 
 @app.command()

@@ -1,12 +1,14 @@
 """The ``promote_model`` flow: challenger vs ``champion`` on the campaign's held-out tasks; the
-alias moves only on a clear, significant win (see ``components.promotion``)."""
+alias moves only on a clear, significant win (see ``components.promotion``). Its flow run is tagged
+with the campaign (``campaign <label>``), the model and its registry, and once decided the versions
+compared (``challenger v<k>``, ``champion v<j>`` or ``champion none``) and the verdict."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_client, runtime, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
@@ -14,6 +16,7 @@ from rftflow.components.campaign.bench import BenchModelError
 from rftflow.components.config import ConfigError
 from rftflow.components.campaign.preflight import preflight
 from rftflow.components.campaign.promotion import decision_dict, promote
+from rftflow.components.tracking import registry_name
 
 
 def _promote_name() -> str:
@@ -33,9 +36,23 @@ def promote_task(checked, version: str | None) -> dict[str, Any] | State:
     return {**decision_dict(decision), "line": decision.line()}
 
 
-def _flow_run_name() -> str:
-    from prefect import runtime
+def _tagged(*tags: str) -> None:
+    """Add ``tags`` to this flow run's (best effort: a view, never a failed promotion)."""
+    import logging
+    from uuid import UUID
 
+    if not runtime.flow_run.id:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            flow_run_id = UUID(str(runtime.flow_run.id))
+            known = client.read_flow_run(flow_run_id).tags
+            client.update_flow_run(flow_run_id, tags=[*known, *(t for t in tags if t not in known)])
+    except Exception as e:  # noqa: BLE001 — the API's errors, as a warning
+        logging.getLogger("rftflow").warning("promote flow run not tagged: %s", e)
+
+
+def _flow_run_name() -> str:
     params = runtime.flow_run.parameters
     return f"promote-{params.get('version') or 'newest'}-{datetime.now(timezone.utc):%Y-%m-%d}"
 
@@ -51,5 +68,13 @@ def promote_model(config: dict[str, Any] | str, run_dir: str | None = None, over
         checked = preflight(config, run_dir, overrides or [])
     except ConfigError as e:
         return Failed(message=str(e), data=e)
+    model = checked.cfg.tracking.registered_model
+    _tagged(f"campaign {checked.label}", f"model {model} ({registry_name(checked.tracking_uri)})")
     state = promote_task(checked, version, return_state=True)
-    return state.result() if state.is_completed() else Failed(message=state.message)
+    if not state.is_completed():
+        return Failed(message=state.message)
+    decision = state.result()
+    _tagged(f"challenger v{decision['challenger']}",
+            f"champion v{decision['champion']}" if decision["champion"] else "champion none",
+            "promoted" if decision["promoted"] else "not promoted")
+    return decision

@@ -5,6 +5,7 @@ step goes through ``rftflow promote`` (the ``promote_model`` flow), which prints
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -66,6 +67,22 @@ def test_only_a_clearly_better_challenger_becomes_champion(prefect_api, tmp_path
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().splitlines()[-1].startswith(f"compare v{worse}: not promoted (accuracy ")
     assert str(client.get_model_version_by_alias("compare", "champion").version) == "2"
+    # where to see it: the flow run on the Prefect API it reported to (this test's), and no MLflow
+    # server shows the registry (a SQLite file; no `rftflow up` over the run dir)
+    from prefect import get_client
+    from prefect.settings import PREFECT_UI_URL
+
+    lines = result.stderr.strip().splitlines()
+    flow_run_id = re.fullmatch(rf"flow run: {re.escape(PREFECT_UI_URL.value().rstrip('/'))}/runs/flow-run/([\w-]+)",
+                               lines[-2]).group(1)
+    assert lines[-1] == f"mlflow: no server shows it; its registry is {uri} (`rftflow up {tmp_path / 'weak'}` serves it)", \
+        lines
+    with get_client(sync_client=True) as prefect:
+        flow_run = prefect.read_flow_run(flow_run_id)
+    assert flow_run.flow_id and flow_run.name.startswith(f"promote-{worse}-")
+    label = checked.label
+    assert set(flow_run.tags) == {f"campaign {label}", f"model compare ({tmp_path.name}/mlflow.db)",
+                                  f"challenger v{worse}", "champion v2", "not promoted"}, flow_run.tags
 
     tags = {v: client.get_model_version("compare", v).tags for v in ("1", "2", equal, worse)}
     assert [tags[v]["promotion.decision"] for v in ("1", "2", equal, worse)] == ["promoted", "promoted",
