@@ -105,13 +105,6 @@ MUTATIONS = [
 except (OSError, AttributeError):''', '''    ctypes.CDLL(None).prctl(1, 0)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 except (OSError, AttributeError):'''),
-    Mutation("trainer-helper-outlives", "a trainer process of rank > 0 leaves a helper process of its own behind "
-             "(in a session of its own: the launcher's stop does not reach it)",
-             ("tests/flows/test_trainer_processes.py::test_ctrl_c_to_the_process_group_stops_both_processes_with_one_"
-              "line",), "flows/launch.py", "        follow_trainer(cfg)\n",
-             "        __import__('subprocess').Popen(['sleep', '900'], start_new_session=True,\n"
-             "                                       env={'PYTHONPATH': os.environ.get('PYTHONPATH', '')})\n"
-             "        follow_trainer(cfg)\n"),
     # conditions on events, not wall time
     Mutation("lease-not-renewed", "a lease's renewal writes the same bytes (its holder looks dead)",
              ("tests/components/buffer/test_leases.py::test_a_renewed_lease_is_kept_and_a_silent_one_is_taken_over",),
