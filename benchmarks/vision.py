@@ -10,6 +10,7 @@ accuracy and the kind's chance (a policy that ignores the picture). One JSON lin
 
     HOME=$(mktemp -d) python benchmarks/vision.py --seed 0
     python benchmarks/vision.py --seed 1 --set rounds=20
+    python benchmarks/vision.py --seed 0 --at 40 --at 80   # also after rounds 40 and 80
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def paired(before: list[bool], after: list[bool]) -> dict:
             "mcnemar_p": float(f"{mcnemar_p(lost, gained):.2g}")}
 
 
-def run(config: str, overrides: list[str], run_dir: Path) -> dict:
+def run(config: str, overrides: list[str], run_dir: Path, at: tuple[int, ...] = ()) -> dict:
     campaign = Campaign(config, run_dir, overrides)
     began = time.perf_counter()
     campaign.prepare()
@@ -55,8 +56,13 @@ def run(config: str, overrides: list[str], run_dir: Path) -> dict:
     tasks = campaign.eval_tasks
     before = solved(campaign, tasks)
     began = time.perf_counter()
+    on_the_way = {}  # held-out accuracy after the rounds of ``at`` (measured between rounds, off the clock)
     for round_no in range(1, campaign.cfg.rounds + 1):
         campaign.run_round(round_no)
+        if round_no in at and round_no < campaign.cfg.rounds:
+            paused = time.perf_counter()
+            on_the_way[str(round_no)] = round(sum(solved(campaign, tasks)) / len(tasks), 3)
+            began += time.perf_counter() - paused
     rounds_s = time.perf_counter() - began
     after = solved(campaign, tasks)
     blank = solved(campaign, [blank_pictures(t) for t in tasks])
@@ -64,6 +70,8 @@ def run(config: str, overrides: list[str], run_dir: Path) -> dict:
     params = campaign.cfg.taskset.params
     result = {"seed": campaign.cfg.seed, "rounds": campaign.cfg.rounds, "warm_start_steps": warm_steps,
               "all": {**paired(before, after), "blanked": round(sum(blank) / len(blank), 3)}}
+    if on_the_way:
+        result["all"]["after_round"] = on_the_way
     for kind in kinds:
         mine = [i for i, t in enumerate(tasks) if t.metadata["kind"] == kind]
         result[kind] = {**paired([before[i] for i in mine], [after[i] for i in mine]),
@@ -79,10 +87,12 @@ def main() -> None:
     parser.add_argument("--config", default="vision-tiny", help="A shipped config name or a YAML file.")
     parser.add_argument("--seed", type=int, action="append", help="Seeds (repeat; default 0).")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="An override for every run.")
+    parser.add_argument("--at", type=int, action="append", default=[], metavar="ROUND",
+                        help="Also measure held-out accuracy after this round (repeat).")
     args = parser.parse_args()
     for seed in args.seed or [0]:
         with tempfile.TemporaryDirectory() as run_dir:
-            print(json.dumps(run(args.config, [*args.set, f"seed={seed}"], Path(run_dir))), flush=True)
+            print(json.dumps(run(args.config, [*args.set, f"seed={seed}"], Path(run_dir), tuple(args.at))), flush=True)
 
 
 if __name__ == "__main__":
