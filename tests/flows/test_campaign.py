@@ -14,7 +14,12 @@ from rftflow.components.data.experience import SCHEMA
 pytestmark = pytest.mark.slow  # a whole campaign through Prefect
 
 STAGES = ("explore", "verify", "buffer", "train", "sync")
-E2E = ["name=e2e", "eval.every=1", "pipelines.experiences=[{op: dedupe}, {op: length_filter, max_tokens: 6}]"]
+# one-digit sums and a warm start of 300 steps: a held-out accuracy well away from 0 that moves
+# from round to round (0.5, 0.3, 0.3 on one run), so what the UI and MLflow show is told apart; the
+# pipeline drops no row (the model answers a group alike: dedupe would, its own tests cover it)
+E2E = ["name=e2e", "eval.every=1", "pipelines.experiences=[{op: shape_reward, scale: 1.0}, {op: length_filter, "
+       "max_tokens: 6}]",
+       "taskset.params={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}", "trainer.warmup_steps=300"]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +39,25 @@ def test_summary_is_written_with_the_promised_fields(finished):
     for key in ("eval_accuracy_before", "eval_accuracy_after", "rounds", "wall_seconds", "mlflow_tracking_uri",
                 "mlflow_run_id", "model_name", "model_version", "store_url"):
         assert key in summary
-    assert summary["rounds"] == 2 and 0.0 <= summary["eval_accuracy_after"] <= 1.0
+    assert summary["rounds"] == 2
+
+
+def _history(summary: dict, key: str) -> dict[int, float]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(summary["mlflow_tracking_uri"])
+    return {m.step: m.value for m in client.get_metric_history(summary["mlflow_run_id"], key)}
+
+
+def test_the_held_out_accuracy_is_a_share_of_the_held_out_tasks_and_the_summary_has_the_last(finished):
+    cfg, _, summary = finished
+    accuracy = _history(summary, "accuracy/held_out")
+    assert sorted(accuracy) == [0, 1, 2]  # before the rounds and after each (eval.every=1)
+    for value in accuracy.values():  # the share of the 10 held-out tasks answered right
+        assert value * cfg.taskset.eval_size == pytest.approx(round(value * cfg.taskset.eval_size))
+    assert max(accuracy.values()) > 0  # the warm start taught some of them: the evaluation sees the model
+    assert summary["eval_accuracy_before"] == pytest.approx(accuracy[0], abs=1e-4)
+    assert summary["eval_accuracy_after"] == pytest.approx(accuracy[2], abs=1e-4)
 
 
 def test_every_stage_task_run_completed_with_its_round_in_the_name(finished):
@@ -91,9 +114,11 @@ def test_the_ui_shows_progress_a_round_table_and_a_summary_linking_mlflow(finish
     rows = json.loads(table.data)
     assert [r["round"] for r in rows] == [0, 1, 2]  # round 0: before the rounds
     assert rows[0]["accuracy"] == pytest.approx(summary["eval_accuracy_before"], abs=1e-4) and rows[0]["reward"] == ""
-    for row in rows[1:]:
-        assert 0 <= row["reward"] <= 1 and row["train s"] > 0 and row["quarantined"] == 0
-        assert 0 <= row["accuracy"] <= 1  # eval.every=1: each round's evaluation is in its row
+    reward, accuracy = _history(summary, "reward/mean"), _history(summary, "accuracy/held_out")
+    for row in rows[1:]:  # each round's own figures (eval.every=1: its evaluation too)
+        assert row["train s"] > 0 and row["quarantined"] == 0
+        assert row["reward"] == pytest.approx(reward[row["round"]], abs=1e-4)
+        assert row["accuracy"] == pytest.approx(accuracy[row["round"]], abs=1e-4)
     assert rows[-1]["accuracy"] == pytest.approx(summary["eval_accuracy_after"], abs=1e-4)
     (markdown,) = by_key[f"{label}-a1-summary"]
     assert summary["mlflow_run_id"] in markdown.data and f"models:/{summary['model_name']}/{summary['model_version']}" in markdown.data
@@ -331,4 +356,5 @@ def test_with_task_runs_round_a_round_is_one_task_run_and_each_stage_is_still_ti
     for stage in ("explore", "verify", "buffer", "train", "sync"):  # each stage still timed, once a round
         steps = [m.step for m in client.get_metric_history(summary["mlflow_run_id"], f"time/{stage}_s")]
         assert sorted(steps) == [1, 2], (stage, steps)
-    assert summary["rounds"] == 2 and 0.0 <= summary["eval_accuracy_after"] <= 1.0
+    assert summary["rounds"] == 2
+    assert summary["eval_accuracy_after"] == pytest.approx(_history(summary, "accuracy/held_out")[2], abs=1e-4)
