@@ -92,7 +92,8 @@ def test_warmup_check_near_checks_every_step_once_a_check_reaches_it(tmp_path, d
         "trainer.warmup_check_near=0.4"]))
     campaign, step, checked = run.campaign, [0], []
     scripted = iter([0.1, 0.5, 0.0, 0.3, 0.9])  # the 2nd reaches 0.4: every step from then on, lower or not
-    campaign.warm_accuracy = lambda: checked.append(step[0]) or next(scripted)
+    # a step's progress is reported after its check (with the check's accuracy): the step checked is the next one
+    campaign.warm_accuracy = lambda: checked.append(step[0] + 1) or next(scripted)
     campaign.prepare()
     metrics = campaign.warm_start(progress=lambda done, _: step.__setitem__(0, done))
     assert checked == [5, 10, 11, 12, 13]
