@@ -47,6 +47,8 @@ SMALL = ("rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup
 # and one of these started last would leave the other worker idle at the end
 LONGEST_FIRST = ("components/train/test_learning.py", "flows/test_failures.py", "flows/test_kill_resume.py",
                  "tests/test_benchmarks.py", "flows/test_deployments.py", "flows/test_stops.py",
+                 "flows/test_interrupts.py", "flows/test_user_failures.py", "tests/test_walkthrough.py",
+                 "flows/test_attempts.py",
                  "flows/test_monitoring.py", "flows/test_trainer_processes.py", "components/explore/test_server_pool.py",
                  "components/test_real_model.py", "components/train/test_data_parallel.py",
                  "components/explore/test_server_engines.py", "flows/test_reward_campaigns.py",
