@@ -231,6 +231,8 @@ class UIMonitor:
         tags = self._progress(round_no)
         eta = None if last else eta_text(self._round_pace.seconds_left(), clock=True)
         self._mlflow_progress(", ".join(tags), eta, last=last or eval_due(self.run.cfg, round_no))
+        # every round's event, due or not: the stall alert (flows.alerts) hears the campaign by them
+        self._writer.submit(contextvars.copy_context().run, self._round_event, round_no)
         if not self._due(last or eval_due(self.run.cfg, round_no)):
             return
         if eta:
@@ -255,8 +257,11 @@ class UIMonitor:
                    payload={"campaign": self.run.cfg.name, "attempt": self.attempt, **payload})
 
     @_best_effort
-    def _write_round(self, round_no: int, rows: list[dict[str, Any]], tags: list[str], description: str) -> None:
+    def _round_event(self, round_no: int) -> None:
         self._event(ROUND_EVENT, round=round_no, rounds=self.run.cfg.rounds)
+
+    @_best_effort
+    def _write_round(self, round_no: int, rows: list[dict[str, Any]], tags: list[str], description: str) -> None:
         if self.flow_run_id:
             self._tag(*tags)
         if self._progress_id is not None:
