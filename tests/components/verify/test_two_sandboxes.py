@@ -81,7 +81,8 @@ REFUSED = {
     "inspect.getsource": ("import inspect\ndef check(fn):\n    assert 'for' not in inspect.getsource(fn)\ncheck(add)\n",
                           "its tests pass fn to inspect.getsource()"),
     "a function passed in": ("assert add(lambda x: x, 1) == 1\n", "its tests pass a function to add"),
-    "nothing called": ("assert 1 + 1 == 2\n", "its tests call no function of the program"),
+    # a test that checks only a builtin passes whatever the program is: refused
+    "nothing called": ("assert sum([1, 2]) == 3\n", "its tests call no function of the program"),
     "not Python": ("assert add(1, 2) ==\n", "its tests are not Python"),
 }
 
