@@ -3,8 +3,6 @@ import path and its failures; weighted combinations; accuracy from the task's ow
 
 import logging
 import re
-import time
-from pathlib import Path
 
 import pytest
 
@@ -13,6 +11,7 @@ from rftflow.components.data.tasksets import Task
 from rftflow.components.config import RewardConfig, TasksetConfig
 from rftflow.components.verify.check import check_round
 from rftflow.components.verify.rewards import Rewards, check_rewards, is_correct, make_rewards
+from tests.flows.processes import outliving
 
 TASK = Task(task_id="t", question="47 + 38", prompt="What is 47 + 38?", answer="85")
 
@@ -133,21 +132,11 @@ def test_a_timed_out_call_is_killed_and_its_rows_quarantined_while_the_others_sc
         assert scores[1].reason == f"{TEAM}:hangs timed out after 2 s (reward.timeout_seconds)"
         # both stuck calls' processes were killed (they would sleep an hour, backtrack for years), not waited for
         stuck = [int(f.read_text()) for f in tmp_path.iterdir()]
-        deadline = time.monotonic() + 60  # a bound for a loaded machine: a killed process ends in milliseconds
-        while any(map(_alive, stuck)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(stuck) == 2 and not [pid for pid in stuck if _alive(pid)], stuck
+        assert len(stuck) == 2 and not outliving(set(stuck), 60), stuck  # killed: ended in milliseconds
         assert rewards.score_many(["fine"], [SUM])[0].value == 1.0  # a new process took the killed one's place
     finally:
         rewards.close()
 
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie nobody reaped yet counts as ended)."""
-    try:
-        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
 
 
 def test_functions_batched_functions_and_classes_score_and_classes_are_closed():
