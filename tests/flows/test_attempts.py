@@ -14,24 +14,13 @@ import time
 
 import pytest
 
-from rftflow.components.data.pipelines import register_operator
+from tests.flows.faults import ARMED, register_fails_once_in_round
 
 pytestmark = pytest.mark.slow  # three campaigns through Prefect
 
 # the warm start checked every 10 steps against a share it cannot reach (so all 20 steps run)
 RUN = ["name=attempted", "rounds=2", "trainer.warmup_steps=20", "trainer.warmup_until=1.0",
        "trainer.warmup_check_every=10", "pipelines.experiences=[{op: fails_once_in_round, round: 1}]"]
-ARMED = {"fail": False}
-
-
-def register_fails_once_in_round():
-    """An experience operator that raises the first time it sees round ``round`` while armed."""
-    @register_operator("experiences", "fails_once_in_round")
-    def operator(table, round: int = 1):
-        if ARMED["fail"] and table.num_rows and table.column("round")[0].as_py() == round:
-            ARMED["fail"] = False
-            raise RuntimeError(f"a fault in round {round}")
-        return table
 
 
 class TagWatcher:

@@ -7,25 +7,17 @@ import hashlib
 
 import pytest
 
-from rftflow.components.data.pipelines import register_operator
+from tests.flows.faults import ARMED, register_fails_once_in_round
 
 pytestmark = pytest.mark.slow  # three campaigns through Prefect
 
 RETRY = ["name=retried", "rounds=4", "checkpoint.every=2", "eval.every=2", "trainer.warmup_steps=20",
          "pipelines.experiences=[{op: fails_once_in_round, round: 3}]"]
-ARMED = {"fail": False}
 
 
 @pytest.fixture(autouse=True)
 def fails_once_in_round():
-    """An experience operator that raises the first time it sees round ``round`` while armed (a
-    transient fault in a user's pipeline step), and otherwise keeps every row."""
-    @register_operator("experiences", "fails_once_in_round")
-    def operator(table, round: int = 3):
-        if ARMED["fail"] and table.num_rows and table.column("round")[0].as_py() == round:
-            ARMED["fail"] = False
-            raise RuntimeError(f"a transient fault in round {round}")
-        return table
+    register_fails_once_in_round()
 
 
 def _weights(run_dir) -> str:
