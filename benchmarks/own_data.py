@@ -5,7 +5,7 @@ checkpoint after the warm start and the last one (the registered weights) — ar
 held-out tasks with the team's reward, paired by task: accuracy before and after, tasks only one of them solves,
 and the one-sided exact McNemar p-value. Prints a markdown table (docs/benchmarks.md).
 
-    nice -n 5 python benchmarks/own_data.py --seeds 0 1 2 --jobs 2
+    nice -n 5 python benchmarks/own_data.py --seeds 0 1 2 --jobs 1
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def campaign(seed: int, work: Path, threads: int, sets: list[str]) -> dict:
     """One seed's campaign in its own folder, and its wall seconds."""
     folder = work / f"seed{seed}"
     shutil.copytree(EXAMPLE, folder)
-    env = {**os.environ, "PYTHONPATH": str(folder), "HOME": str(folder / "home")}
+    # the team's folder first on PYTHONPATH; entries already there stay (rftflow from a checkout, say)
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "HOME": str(folder / "home")}
     subprocess.run([sys.executable, "make_problems.py"], cwd=folder, env=env, check=True, capture_output=True)
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "rftflow.flows.cli", "run", "campaign.yaml", "--set", f"seed={seed}",
