@@ -48,7 +48,7 @@ def warm_start(seed: int, args: argparse.Namespace) -> dict:
     """The seed's warm start: trainer weights, optimizer state and held-out accuracy."""
     cfg = load_config(args.config, ["name=bench-warm", f"trainer.warmup_steps={args.warmup_steps}", *common(seed, args)])
     with tempfile.TemporaryDirectory() as run_dir:
-        campaign = Campaign(cfg, run_dir)
+        campaign = Campaign.from_config(cfg, run_dir)
         campaign.prepare()
         campaign.warm_start()
         return {"model": copy.deepcopy(campaign.trainer.unwrapped.state_dict()),
@@ -63,7 +63,7 @@ def run(algorithm: str, seed: int, warm: dict, args: argparse.Namespace) -> dict
     cfg = load_config(args.config, overrides)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
-        campaign = Campaign(cfg, run_dir)
+        campaign = Campaign.from_config(cfg, run_dir)
         campaign.prepare()
         campaign.trainer.unwrapped.load_state_dict(warm["model"])
         campaign.trainer.optimizer.load_state_dict(warm["optimizer"])

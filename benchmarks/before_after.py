@@ -32,7 +32,7 @@ def device() -> str:
 
 def run(config: str, overrides: list[str], run_dir: Path) -> dict:
     """One campaign from its warm start: accuracy before and after, reward of the first and last rounds."""
-    campaign = Campaign(config, run_dir, overrides)
+    campaign = Campaign.from_config(config, run_dir, overrides)
     campaign.prepare()
     began = time.perf_counter()
     campaign.warm_start()

@@ -62,7 +62,8 @@ def main() -> None:
         for backend, store in (("file://", []), ("s3:// (moto)", [f"storage.url=s3://{bucket}/bench",
                                                                   f"storage.endpoint_url={server.endpoint_url}",
                                                                   "storage.addressing_style=path"])):
-            campaign = Campaign(CONFIG, Path(work) / backend[:2], ["trainer.warmup_steps=0", *store, *args.set])
+            campaign = Campaign.from_config(CONFIG, Path(work) / backend[:2],
+                                            ["trainer.warmup_steps=0", *store, *args.set])
             campaign.prepare()
             rounds = []
             for r in range(1, args.rounds + 1):

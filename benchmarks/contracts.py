@@ -40,7 +40,7 @@ def main() -> None:
 
     check_module.check_experiences = timed_check  # measure the call the verify stage makes (check_round's)
     with tempfile.TemporaryDirectory() as run_dir:
-        campaign = Campaign(cfg, run_dir)
+        campaign = Campaign.from_config(cfg, run_dir)
         campaign.prepare()
         spent.clear()
         campaign.run_round(1)  # the first check builds the GX context: report it apart

@@ -38,7 +38,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as run_dir:
-        campaign = Campaign(CONFIG, run_dir, [f"trainer.warmup_steps={args.warmup_steps}", f"threads={args.threads}"])
+        campaign = Campaign.from_config(CONFIG, run_dir, [f"trainer.warmup_steps={args.warmup_steps}",
+                                                          f"threads={args.threads}"])
         campaign.prepare()
         campaign.warm_start()
         workflow, engine = campaign.workflow, campaign.engine

@@ -33,7 +33,8 @@ COMMON = ["promotion.after_campaign=false", "checkpoint.every=100000"]
 
 def base_model(args: argparse.Namespace, seed: int, root: Path) -> Path:
     """The config's warm start with full weights, saved as the seed's base model."""
-    base = Campaign(args.config, root / f"base-{seed}", [f"seed={seed}", f"threads={args.threads}", *COMMON, *args.set])
+    base = Campaign.from_config(args.config, root / f"base-{seed}",
+                                [f"seed={seed}", f"threads={args.threads}", *COMMON, *args.set])
     base.prepare()
     base.warm_start()
     out = root / f"base-model-{seed}"
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace, seed: int, root: Path):
     variants = {"LoRA": [f"model.lora={{rank: {args.rank}, alpha: {args.alpha}}}", f"trainer.lr={args.lora_lr}", *floor],
                 "full": []}
     for name, overrides in variants.items():
-        c = Campaign(args.config, root / f"{name}-{seed}", [
+        c = Campaign.from_config(args.config, root / f"{name}-{seed}", [
             f"seed={seed}", f"threads={args.threads}", f"model.path={base}", "trainer.warmup_steps=0",
             f"rounds={args.rounds}", *COMMON, *args.set, *overrides])
         c.prepare()

@@ -117,7 +117,7 @@ def one_campaign(config: str, seed: int, overrides: list[str], run_dir: Path, cu
         print(f"[seed {seed} {time.perf_counter() - began:6.0f} s] {what}", file=sys.stderr, flush=True)
     with contextlib.ExitStack() as stack:
         clock.patch(stack)
-        campaign = Campaign(config, run_dir, [f"seed={seed}", *overrides])
+        campaign = Campaign.from_config(config, run_dir, [f"seed={seed}", *overrides])
         campaign.prepare()
         note("prepared")
         with clock.during("warm start"):

@@ -87,7 +87,7 @@ def explorer_samples_per_second(processes: int, args, work: Path) -> float:
                  f"sync.offset={args.rounds}", f"algorithm.max_staleness={args.rounds}", f"storage.url={store}",
                  f"explorer.shards={processes}", f"explorer.tasks_per_round={args.tasks}", "threads=1",
                  f"explorer.max_new_tokens={args.tokens}", f"model.path={args.model}"]
-    trainer = Campaign(CONFIG, work / f"trainer-{processes}", [*overrides, "mode=train"])
+    trainer = Campaign.from_config(CONFIG, work / f"trainer-{processes}", [*overrides, "mode=train"])
     trainer.prepare()
     trainer.warm_start()  # publishes the start weights: the explorers go
     code = ("import sys; import rftflow.flows; from rftflow.components.campaign.preflight import preflight; "

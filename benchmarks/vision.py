@@ -48,7 +48,7 @@ def paired(before: list[bool], after: list[bool]) -> dict:
 
 
 def run(config: str, overrides: list[str], run_dir: Path, at: tuple[int, ...] = ()) -> dict:
-    campaign = Campaign(config, run_dir, overrides)
+    campaign = Campaign.from_config(config, run_dir, overrides)
     began = time.perf_counter()
     campaign.prepare()
     campaign.warm_start()

@@ -361,7 +361,7 @@ def side_loop(cfg, args) -> dict:
 
     taskset, reward_fn = taskset_and_reward(cfg)
     with tempfile.TemporaryDirectory() as run_dir:
-        campaign = Campaign(cfg, run_dir)
+        campaign = Campaign.from_config(cfg, run_dir)
         campaign.prepare()
         campaign.warm_start()  # no steps: publishes the start weights
         tokens, engine = Tokens(), campaign.engine
@@ -449,7 +449,7 @@ def apart_role(cfg, args) -> dict:
     from rftflow.components.campaign.stages import Campaign
 
     with tempfile.TemporaryDirectory() as run_dir:
-        campaign = Campaign(cfg, run_dir)
+        campaign = Campaign.from_config(cfg, run_dir)
         if args.role == "train":
             campaign.prepare()
             campaign.warm_start()  # no steps: publishes the start weights
@@ -500,7 +500,7 @@ def make_warm_start(model_dir: str, args) -> float:
     cfg = load_config(CONFIG, ["name=vs-trl-warm", f"seed={args.seed}", "trainer.warmup_steps=1000",
                                f"threads={args.threads}", "algorithm.name=grpo", "buffer.expert_per_round=0"])
     with tempfile.TemporaryDirectory() as run_dir:
-        campaign = Campaign(cfg, run_dir)
+        campaign = Campaign.from_config(cfg, run_dir)
         campaign.prepare()
         campaign.warm_start()
         campaign.trainer.unwrapped.save_pretrained(model_dir)

@@ -39,7 +39,7 @@ def run_rounds(args) -> None:
     sets = ["name=write-behind", *overrides("builtin:tiny", 8, args.rounds, 0, args.threads, 1e-4), *store,
             f"storage.write_behind={args.write_behind}"]
     with tempfile.TemporaryDirectory() as run_dir:
-        campaign = Campaign(CONFIG, run_dir, sets)
+        campaign = Campaign.from_config(CONFIG, run_dir, sets)
         campaign.prepare()
         campaign.warm_start()
         start = time.perf_counter()

@@ -11,17 +11,38 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator,
                       model_validator)
 
 from rftflow.components.algorithms.aggregation import AggMode
 from rftflow.components.algorithms.presets import PRESET_NAMES, Algorithm, resolve
 from rftflow.components.secrets import redact_text, redact_url
 
+
+
+class Mode(StrEnum):
+    """What a process of the campaign runs (``mode``); a member equals its value (``Mode.BOTH == "both"``)."""
+
+    BOTH = "both"  # explorer and trainer in turn, in one process
+    ASYNC = "async"  # both, the explorer ``sync.offset`` rounds ahead
+    EXPLORE = "explore"  # the explorer alone
+    TRAIN = "train"  # the trainer alone
+    BENCH = "bench"  # evaluate models, no rounds
+
+    @property
+    def trains(self) -> bool:
+        """A trainer runs in this process."""
+        return self in (Mode.BOTH, Mode.ASYNC, Mode.TRAIN)
+
+    @property
+    def explores(self) -> bool:
+        """An explorer runs in this process."""
+        return self in (Mode.BOTH, Mode.ASYNC, Mode.EXPLORE)
 
 class ConfigError(ValueError):
     """A campaign config that cannot run; the message is one line naming the culprit."""
@@ -780,8 +801,8 @@ class CampaignConfig(_Section):
         "processes on one machine (`mode: explore` + `mode: train`) must each take their share: two processes "
         "that each use every core thrash, many times slower than one.",
     )
-    mode: Literal["both", "async", "explore", "train", "bench"] = Field(
-        "both", description="`both`: explorer and trainer in turn, in one process; `async`: in one process, the "
+    mode: Annotated[Mode, WithJsonSchema({"enum": [m.value for m in Mode], "type": "string"})] = Field(
+        Mode.BOTH, description="`both`: explorer and trainer in turn, in one process; `async`: in one process, the "
         "explorer up to `sync.offset` rounds ahead of the trainer (overlapping); `explore`: the explorer alone "
         "(generates, verifies and stores experiences with the newest published weights); `train`: the trainer "
         "alone (trains on what the store holds, publishes weights); `bench`: evaluate `bench.models` on "
@@ -862,14 +883,14 @@ class CampaignConfig(_Section):
                              "explorer.max_new_tokens)")
         if self.algorithm.name == "sft" and self.buffer.expert_per_round == 0:
             raise ValueError("buffer.expert_per_round must be > 0 for `sft` (it trains on expert rows only)")
-        if self.mode in ("explore", "train") and self.sync.method != "checkpoint":
-            role = "explorer" if self.mode == "explore" else "trainer"
-            raise ValueError(f"mode {self.mode!r} runs the {role} alone: weights move through the store; "
+        if self.mode in (Mode.EXPLORE, Mode.TRAIN) and self.sync.method != "checkpoint":
+            role = "explorer" if self.mode == Mode.EXPLORE else "trainer"
+            raise ValueError(f"mode {self.mode.value!r} runs the {role} alone: weights move through the store; "
                              "set sync.method=checkpoint")
         if self.explorer.engine == "openai" and not (self.explorer.base_url and self.explorer.served_model):
             raise ValueError("explorer.engine 'openai' needs explorer.base_url and explorer.served_model")
         if self.explorer.shards > 1:
-            if self.mode not in ("explore", "train"):
+            if self.mode not in (Mode.EXPLORE, Mode.TRAIN):
                 raise ValueError(f"explorer.shards {self.explorer.shards} splits rounds between explorer processes: "
                                  "run them with mode explore and the trainer with mode train")
             if self.explorer.shards > self.explorer.tasks_per_round:
@@ -878,10 +899,10 @@ class CampaignConfig(_Section):
             if self.explorer.task_selector == "curriculum" or self.algorithm.resolve().dynamic_sampling:
                 raise ValueError("explorer.shards > 1 needs every explorer to pick the same tasks for a round: the "
                                  "curriculum selector and dynamic sampling pick by what one explorer measured")
-        if self.mode == "bench" and not self.bench.models:
+        if self.mode == Mode.BENCH and not self.bench.models:
             raise ValueError("mode 'bench' needs bench.models (checkpoint:N, model dirs or models:/name/version)")
         bound = self.algorithm.max_staleness
-        ahead = self.sync.offset if self.mode in ("async", "explore", "train") else 0
+        ahead = self.sync.offset if self.mode in (Mode.ASYNC, Mode.EXPLORE, Mode.TRAIN) else 0
         if bound is not None and ahead + self.sync.interval - 1 > bound:
             raise ValueError(f"algorithm.max_staleness {bound} is below what sync allows: offset {ahead} + "
                              f"interval {self.sync.interval} − 1; lower sync.offset/sync.interval or raise the bound")

@@ -31,7 +31,7 @@ from prefect.states import Cancelled, Completed, Failed, State
 from rftflow.components.buffer.shards import ShardError
 from rftflow.components.buffer.store import StoreUnavailable
 from rftflow.components.campaign.stages import StopFlag, StopRequested
-from rftflow.components.config import ConfigError
+from rftflow.components.config import ConfigError, Mode
 from rftflow.components.data.contracts import ContractError
 from rftflow.components.campaign.preflight import Preflight, campaign_label, preflight
 from rftflow.components.campaign.run import CampaignRun, NoUsableCheckpoint, move_aside
@@ -194,38 +194,11 @@ def stop_on_cancel(stop: StopFlag, flow_run_id: str | None) -> Iterator[None]:
 
 
 def task_of(run: CampaignRun, unit: Planned | Rounds) -> tuple[Task, tuple]:
-    """The task that runs ``unit`` and its arguments: a step's own task, or ``rounds`` for a task
-    run of rounds."""
+    """The task that runs ``unit`` and its arguments: a step's own task (made from its row of the
+    step table), or ``rounds`` for a task run of rounds."""
     if isinstance(unit, Rounds):
         return stages.rounds, (run, unit.first, unit.last)
-    match unit.step:
-        case Step.PREPARE:
-            task = stages.prepare
-        case Step.WARM_START:
-            task = stages.warm_start
-        case Step.AWAIT_TASKSET:
-            task = stages.await_taskset
-        case Step.EXPLORE:
-            task = stages.explore
-        case Step.VERIFY:
-            task = stages.verify
-        case Step.BUFFER:
-            task = stages.buffer
-        case Step.TRAIN:
-            task = stages.train
-        case Step.SYNC:
-            task = stages.sync
-        case Step.EVALUATE:
-            task = stages.evaluate
-        case Step.CHECKPOINT:
-            task = stages.checkpoint
-        case Step.REGISTER:
-            task = stages.register
-        case Step.PROMOTE:
-            task = stages.promote
-        case _:
-            raise ValueError(f"no task for {unit.step!r}")
-    return task, (run, unit.round)
+    return stages.task_of(unit.step), (run, unit.round)
 
 
 def _call(run: CampaignRun, unit: Planned | Rounds) -> dict:
@@ -303,6 +276,34 @@ def _mark_crashed(run: CampaignRun) -> None:
                     message=f"its process was killed; flow run {run.flow_run_id} resumed the campaign"), force=True)
 
 
+# A campaign its caller in this process checked already (``handing_over``), with its ``restart``
+_HANDED_OVER: tuple[Preflight, bool] | None = None
+
+
+@contextmanager
+def handing_over(checked: Preflight, restart: bool = False) -> Iterator[None]:
+    """Within: ``rft_campaign`` called for this very campaign (``checked.cfg`` as JSON, its run dir,
+    no overrides, the same ``restart``) takes ``checked`` instead of checking it again. The CLI and
+    ``rftflow.run_campaign`` check before any server starts, then call the flow in here; any other
+    call (a deployment's run: a YAML path and overrides) is checked where it enters, in the flow."""
+    global _HANDED_OVER
+    previous, _HANDED_OVER = _HANDED_OVER, (checked, restart)
+    try:
+        yield
+    finally:
+        _HANDED_OVER = previous
+
+
+def _checked(config: dict[str, Any] | str, run_dir: str | None, overrides: list[str], restart: bool) -> Preflight:
+    """The flow's parameters checked once: what ``handing_over`` gave for this campaign, else ``preflight``."""
+    if _HANDED_OVER is not None and not overrides and isinstance(config, dict):
+        checked, checked_restart = _HANDED_OVER
+        if (checked_restart == restart and run_dir is not None and Path(run_dir).resolve() == checked.run_dir
+                and config == checked.cfg.model_dump(mode="json")):
+            return checked
+    return preflight(config, run_dir, overrides, restart=restart)
+
+
 @flow(name="rft_campaign", flow_run_name=_flow_run_name)
 def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overrides: list[str] | None = None,
                  restart: bool = False, show_progress: bool = False) -> dict[str, Any] | State:
@@ -313,18 +314,19 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
     are ``key.path=value`` strings (``--set``); ``{date}`` in ``run_dir`` and ``overrides`` is the
     run's scheduled day (each night's campaign gets its own name and run dir). ``restart`` moves an
     existing campaign aside and starts over. Bad input fails in ``preflight`` before any work: the
-    flow run ends Failed with its one-line reason (a direct call raises it). A retry of the flow
+    flow run ends Failed with its one-line reason (a direct call raises it); a caller that checked
+    the campaign already hands it over (``handing_over``) instead. A retry of the flow
     resumes from the newest checkpoint (``rft_campaign.with_options(retries=n)``, or a deployment's).
     Bad data (a contract past its threshold) and a store down past ``storage.outage_seconds`` end
     it Failed with their one line; the same command resumes it once they are fixed.
     """
     overrides = [_filled(o) for o in overrides or []]
     try:
-        checked = preflight(config, _filled(run_dir), overrides, restart=restart)
+        checked = _checked(config, _filled(run_dir), overrides, restart)
         settings = orchestration_of(checked.cfg)
     except (ConfigError, StoreUnavailable) as e:
         return Failed(message=str(e), data=e)
-    if checked.cfg.mode == "bench":
+    if checked.cfg.mode == Mode.BENCH:
         state = stages.bench(checked, return_state=True)
         return state.result() if state.is_completed() else Failed(message=state.message)
     if checked.finished:

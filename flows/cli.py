@@ -172,14 +172,14 @@ def run(
 
     loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
     at_once.name = f"campaign {loaded.name}"
-    if loaded.mode in ("both", "async", "train") and loaded.trainer.processes != launched:
+    if loaded.mode.trains and loaded.trainer.processes != launched:
         if launched == 1 and "WORLD_SIZE" not in os.environ:
             _launch_processes(loaded.trainer.processes)  # this command again, in that many processes
         from rftflow.components.train.trainer import launch_mismatch
 
         _fail(launch_mismatch(loaded.trainer.processes, launched))
     with booting_prefect_api() as prefect_api_ready:  # the server boots while the preflight checks the rest
-        checked = _preflight(loaded, run_dir, [], restart)  # the flow passes it too; here it fails first
+        checked = _preflight(loaded, run_dir, [], restart)  # before the server is up; the flow takes it
         from rftflow.flows import campaign
         from rftflow.flows.campaign import rft_campaign, summary_line
 
@@ -194,11 +194,12 @@ def run(
         cfg = checked.cfg
         prefect_api_ready()
         campaign.AT_ONCE = at_once
-        state = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,
-                             show_progress=progress, return_state=True)
+        with campaign.handing_over(checked, restart):  # checked once: the flow takes it as it is
+            state = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,
+                                 show_progress=progress, return_state=True)
     _exit_on(state)
     summary = state.result()
-    if cfg.mode == "bench":
+    if cfg.mode == "bench":  # (a summary of mode bench)
         table = Table("model", "taskset", "tasks", "accuracy", title=f"bench {cfg.name}")
         for row in summary["results"]:
             table.add_row(row["model"], row["taskset"], str(row["tasks"]), f"{row['accuracy']:.3f}")

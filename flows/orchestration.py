@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rftflow.components.campaign.schedule import Phase, Planned, Step
-from rftflow.components.config import MOVED_KEYS, CampaignConfig, ConfigError
+from rftflow.components.config import MOVED_KEYS, CampaignConfig, ConfigError, Mode
 
 COMMIT_SECONDS = 5.0  # a task run of rounds spans at most this much of them: the UI's cadence
 
@@ -63,10 +63,10 @@ def orchestration_of(cfg: CampaignConfig) -> OrchestrationConfig:
         message = "unknown config key" if first["type"] == "extra_forbidden" else first["msg"]
         raise ConfigError(f"config key {key!r}: {message}" + ("" if first["type"] == "extra_forbidden"
                                                               else f" (got {first.get('input')!r})")) from None
-    if settings.task_runs == "round" and cfg.mode == "async":
+    if settings.task_runs == "round" and cfg.mode == Mode.ASYNC:
         raise ConfigError("orchestration.task_runs 'round' runs a round's stages in turn; mode 'async' overlaps the "
                           "explorer and the trainer: use task_runs 'stage' with it")
-    if settings.rounds_per_task_run is not None and (settings.task_runs == "stage" or cfg.mode == "async"):
+    if settings.rounds_per_task_run is not None and (settings.task_runs == "stage" or cfg.mode == Mode.ASYNC):
         raise ConfigError("orchestration.rounds_per_task_run groups rounds into task runs: it needs task_runs 'round' "
                           "or 'auto' (not 'stage', nor mode 'async', which runs a task run per stage)")
     return settings
@@ -94,7 +94,7 @@ class TaskRunPlan:
 
     def __init__(self, settings: OrchestrationConfig, mode: str, stages: tuple[Step, ...]):
         self.settings, self.stages = settings, stages
-        self.granularity: str | None = {"auto": "stage" if mode == "async" else None}.get(settings.task_runs,
+        self.granularity: str | None = {"auto": "stage" if mode == Mode.ASYNC else None}.get(settings.task_runs,
                                                                                          settings.task_runs)
         self.rounds_per_task_run = settings.rounds_per_task_run or 1
         self._first_round = [0.0, 0.0]  # auto: the first round's task runs' wall seconds, and the steps' own

@@ -8,32 +8,13 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from prefect import flow, get_client, runtime, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_client, runtime
 from prefect.states import Failed, State
 
-from rftflow.components.campaign.bench import BenchModelError
 from rftflow.components.config import ConfigError
 from rftflow.components.campaign.preflight import preflight
-from rftflow.components.campaign.promotion import decision_dict, promote
 from rftflow.components.tracking import registry_name
-
-
-def _promote_name() -> str:
-    from prefect import runtime
-
-    parameters = runtime.task_run.parameters
-    return f"promote[{parameters['checked'].cfg.tracking.registered_model} v{parameters.get('version') or 'newest'}]"
-
-
-@task(name="promote", task_run_name=_promote_name, cache_policy=NO_CACHE)
-def promote_task(checked, version: str | None) -> dict[str, Any] | State:
-    """Evaluate both versions, decide, tag, move the alias."""
-    try:
-        decision = promote(checked, version)
-    except BenchModelError as e:
-        return Failed(message=str(e), data=e)
-    return {**decision_dict(decision), "line": decision.line()}
+from rftflow.tasks.stages import promote_task
 
 
 def _tagged(*tags: str) -> None:

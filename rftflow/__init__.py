@@ -56,22 +56,22 @@ def run_campaign(config: CampaignConfig | Mapping[str, Any] | str | Path | None 
     a stopped one ``StopRequested``."""
     from rftflow.components.config import load_config as load
 
-    cfg = load(config, overrides)
+    from rftflow.components.campaign.preflight import preflight
+
+    checked = preflight(config, run_dir, overrides, restart=restart)  # checked once, before any server starts
     if not orchestrated:
-        from rftflow.components.campaign.preflight import preflight
         from rftflow.components.campaign.run import CampaignRun, move_aside
 
-        checked = preflight(cfg, run_dir, restart=restart)
         if checked.finished:
             return _finished_summary(checked)
         if restart:
             move_aside(checked)
         return CampaignRun(checked).run()
-    from rftflow.flows.campaign import rft_campaign
+    from rftflow.flows.campaign import handing_over, rft_campaign
     from rftflow.flows.prefect_api import embedded_prefect_api
 
-    with embedded_prefect_api():
-        state = rft_campaign(cfg.model_dump(mode="json"), None if run_dir is None else str(run_dir), restart=restart,
+    with embedded_prefect_api(), handing_over(checked, restart):
+        state = rft_campaign(checked.cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,
                              return_state=True)
     return state.result()  # raises what failed or stopped it
 

@@ -1,8 +1,9 @@
-"""The campaign's Prefect tasks: one per step of the schedule (``components.campaign.schedule``),
-each calling the ``CampaignRun`` method of the same name (timed, logged to MLflow at step = round,
-recorded in the campaign's state), and ``rounds``, a round's stages (or several rounds') as one
+"""The campaign's Prefect tasks: one per row of the step table (``components.campaign.steps``),
+made from it by ``task_of`` and running the step through ``CampaignRun.do`` (timed, logged to MLflow
+at step = round, recorded in the campaign's state), and ``rounds``, a round's stages (or several rounds') as one
 task run when the flow runs them so (``flows.orchestration``). Task runs are named by step and
-round (``explore[r=3]``, ``round[r=2-5]``) for the Prefect UI, and log the step's metrics.
+round (``explore[r=3]``, ``round[r=2-5]``) for the Prefect UI, and log the step's metrics. Also
+``bench`` (mode bench) and ``promote_task`` (the ``promote_model`` flow's).
 
 They receive the ``CampaignRun`` (models inside), hence ``cache_policy=NO_CACHE``: Prefect must
 never pickle or hash it. Retries only where the work is idempotent IO, and never after a data
@@ -11,7 +12,7 @@ contract failed; the store itself rides out outages (``storage.outage_seconds``)
 
 from __future__ import annotations
 
-from prefect import get_run_logger, runtime, task
+from prefect import Task, get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Failed, State
 
@@ -22,6 +23,8 @@ from rftflow.components.data.contracts import ContractError
 from rftflow.components.data.tasksets import TasksetError
 from rftflow.components.verify.scores import RewardUnavailable
 from rftflow.components.campaign.run import CampaignRun
+from rftflow.components.campaign.schedule import Planned
+from rftflow.components.campaign.steps import StepKey, StepSpec, spec_of
 
 
 # failures whose message is the whole story; none is retried (bad data, a bad taskset stay bad; the store waited)
@@ -75,79 +78,30 @@ def _logged(step, round_no: int) -> dict | State:
 
 
 IDEMPOTENT = {"retries": 2, "retry_delay_seconds": 1, "retry_condition_fn": worth_retrying}
+_TASKS: dict[StepSpec, Task] = {}  # the task of each row of the step table, made once per process
 
 
-@task(name="prepare", task_run_name="prepare[r={round_no}]", cache_policy=NO_CACHE, **IDEMPOTENT)
-def prepare(run: CampaignRun, round_no: int = 0) -> dict | State:
-    """Store the taskset splits and expert demonstrations (idempotent)."""
-    return _logged(run.prepare, round_no)
+def _task_for(spec: StepSpec) -> Task:
+    """The Prefect task of a row of the step table: named by the step, its task runs ``<step>[r=N]``,
+    retried when the row is idempotent, never cached (it receives the ``CampaignRun``)."""
+    step = spec.step
+
+    def run_step(run: CampaignRun, round_no: int = 0) -> dict | State:
+        return _logged(lambda r: run.do(Planned(step, r)), round_no)
+
+    # its own name: Prefect keys a task by its function's name and code, shared by every step's
+    run_step.__name__ = run_step.__qualname__ = spec.name
+    run_step.__doc__ = spec.summary
+    return task(run_step, name=spec.name, task_run_name=f"{spec.name}[r={{round_no}}]", cache_policy=NO_CACHE,
+                description=spec.summary, **(IDEMPOTENT if spec.idempotent else {}))
 
 
-@task(name="warm_start", task_run_name="warm_start[r={round_no}]", cache_policy=NO_CACHE)
-def warm_start(run: CampaignRun, round_no: int = 0) -> dict | State:
-    """Expert-only SFT before the RL rounds; the start weights to the explorer."""
-    return _logged(run.warm_start, round_no)
-
-
-@task(name="await_taskset", task_run_name="await_taskset[r={round_no}]", cache_policy=NO_CACHE)
-def await_taskset(run: CampaignRun, round_no: int = 0) -> dict | State:
-    """An explorer process: wait for the trainer's taskset."""
-    return _logged(run.await_taskset, round_no)
-
-
-@task(name="explore", task_run_name="explore[r={round_no}]", cache_policy=NO_CACHE)
-def explore(run: CampaignRun, round_no: int) -> dict | State:
-    """Sample tasks and generate groups of responses → staging."""
-    return _logged(run.explore, round_no)
-
-
-@task(name="verify", task_run_name="verify[r={round_no}]", cache_policy=NO_CACHE)
-def verify(run: CampaignRun, round_no: int) -> dict | State:
-    """Score the round's rollouts and check the experience contract."""
-    return _logged(run.verify, round_no)
-
-
-@task(name="buffer", task_run_name="buffer[r={round_no}]", cache_policy=NO_CACHE, **IDEMPOTENT)
-def buffer(run: CampaignRun, round_no: int) -> dict | State:
-    """Commit verified rows to the buffer, rejected ones to quarantine (idempotent)."""
-    return _logged(run.buffer, round_no)
-
-
-@task(name="train", task_run_name="train[r={round_no}]", cache_policy=NO_CACHE)
-def train(run: CampaignRun, round_no: int) -> dict | State:
-    """Update the policy on the round's batch with the configured algorithm (a trainer process
-    first waits for the explorer's round)."""
-    return _logged(run.train, round_no)
-
-
-@task(name="sync", task_run_name="sync[r={round_no}]", cache_policy=NO_CACHE)
-def sync(run: CampaignRun, round_no: int) -> dict | State:
-    """Publish the trainer's weights to the explorer, when due (sync.interval)."""
-    return _logged(run.sync, round_no)
-
-
-@task(name="evaluate", task_run_name="evaluate[r={round_no}]", cache_policy=NO_CACHE)
-def evaluate(run: CampaignRun, round_no: int) -> dict | State:
-    """Greedy accuracy on the held-out split (round 0: before the rounds)."""
-    return _logged(run.evaluate, round_no)
-
-
-@task(name="checkpoint", task_run_name="checkpoint[r={round_no}]", cache_policy=NO_CACHE)
-def checkpoint(run: CampaignRun, round_no: int) -> dict | State:
-    """Weights, optimizer, RNG, buffer state to the store; all but the optimizer to MLflow."""
-    return _logged(run.checkpoint, round_no)
-
-
-@task(name="register", task_run_name="register[r={round_no}]", cache_policy=NO_CACHE, **IDEMPOTENT)
-def register(run: CampaignRun, round_no: int) -> dict | State:
-    """Log the final model and register it as a model version (once)."""
-    return _logged(run.register, round_no)
-
-
-@task(name="promote", task_run_name="promote[r={round_no}]", cache_policy=NO_CACHE)
-def promote(run: CampaignRun, round_no: int) -> dict | State:
-    """The registered version against @champion: the alias moves on a clear win."""
-    return _logged(run.promote, round_no)
+def task_of(step: StepKey) -> Task:
+    """The task that runs ``step``, made from its row of the step table (``campaign.steps.STEPS``)."""
+    spec = spec_of(step)
+    if spec not in _TASKS:
+        _TASKS[spec] = _task_for(spec)
+    return _TASKS[spec]
 
 
 def _rounds_name() -> str:
@@ -185,3 +139,21 @@ def bench(checked) -> dict | State:
         return run_bench(checked)
     except BenchModelError as e:
         return Failed(message=str(e), data=e)
+
+
+def _promote_name() -> str:
+    parameters = runtime.task_run.parameters
+    return f"promote[{parameters['checked'].cfg.tracking.registered_model} v{parameters.get('version') or 'newest'}]"
+
+
+@task(name="promote", task_run_name=_promote_name, cache_policy=NO_CACHE)
+def promote_task(checked, version: str | None) -> dict | State:
+    """The ``promote_model`` flow's: evaluate both versions, decide, tag, move the alias."""
+    from rftflow.components.campaign.bench import BenchModelError
+    from rftflow.components.campaign.promotion import decision_dict, promote
+
+    try:
+        decision = promote(checked, version)
+    except BenchModelError as e:
+        return Failed(message=str(e), data=e)
+    return {**decision_dict(decision), "line": decision.line()}

@@ -1,7 +1,7 @@
 """The one validation gate: ``preflight`` runs before any work, wherever a campaign starts.
 
 The CLI, the ``rft_campaign`` flow (called with a mapping or a YAML path, or run by a deployment)
-and ``Campaign(...)`` in a notebook all pass it, and it fails before anything is written or
+and ``Campaign.from_config`` in a notebook all pass it once, and it fails before anything is written or
 loaded, with one ``ConfigError`` line naming the culprit:
 
 - the config: unknown keys, wrong types, moved keys, cross-field rules (``config.load_config``);
@@ -46,7 +46,7 @@ from rftflow.components.campaign.state import (AlreadyRunning, CampaignState, St
 from rftflow.components.buffer.store import StoreUnavailable, open_store, parse_store_url, store_options
 from rftflow.components.campaign.sizes import check_sizes
 from rftflow.components.secrets import redact_url
-from rftflow.components.config import CampaignConfig, ConfigError, load_config
+from rftflow.components.config import CampaignConfig, ConfigError, Mode, load_config
 from rftflow.components.data.pipelines import check_pipeline
 from rftflow.components.data.tasksets import check_taskset
 from rftflow.components.verify.rewards import check_rewards
@@ -160,7 +160,7 @@ def _previous_state(cfg: CampaignConfig, run_dir: Path) -> CampaignState | None:
     was started with another config or is running in another process. Reads, never writes."""
     url = run_store_url(cfg.storage, run_dir)
     scheme, location, _ = parse_store_url(url)
-    if cfg.mode == "bench":
+    if cfg.mode == Mode.BENCH:
         return None  # a bench run keeps no campaign state
     role = state_role(cfg, run_dir)
     if scheme == "file" and not (Path(location) / cfg.name / "state").is_dir():
@@ -202,7 +202,7 @@ def run_name(cfg: CampaignConfig, run_dir: str | Path) -> str:
     """The MLflow run name of the campaign's attempts in ``run_dir``: its label (``campaign_label``),
     with ``-explorer`` for an explorer process of its own."""
     label = campaign_label(cfg.name, run_dir)
-    return f"{label}-explorer" if cfg.mode == "explore" else label
+    return f"{label}-explorer" if cfg.mode == Mode.EXPLORE else label
 
 
 def _check_run_dir(run_dir: Path) -> None:

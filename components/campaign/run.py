@@ -9,8 +9,8 @@ commits are put-if-absent), the FIFO cursor, replay counts and pass rates are pu
 were, and the same MLflow run continues without logging a metric twice at one step. Model,
 optimizer and RNG states are restored, so the campaign ends exactly where an uninterrupted one
 ends. What is left to do is ``schedule.phases``, defined once: ``run`` walks it in plain Python
-(``do``: each step its named method), the Prefect flow as tasks that call the same methods.
-Nothing here imports Prefect.
+(``do``: each step its row of the step table, ``campaign.steps``), the Prefect flow as the tasks
+made from the same rows. Nothing here imports Prefect.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from rftflow.components.buffer.experiences import ExperienceStore
 from rftflow.components.buffer.layout import open_run_store, shard_order
 from rftflow.components.buffer.weights import CorruptCheckpoint
 from rftflow.components.campaign.state import StateStore, claim, now, state_role
-from rftflow.components.campaign.schedule import Phase, Planned, Step, phases, round_stages
+from rftflow.components.campaign.schedule import Phase, Planned, phases, round_stages
 from rftflow.components.campaign.stages import Campaign, StopFlag
+from rftflow.components.campaign.steps import StepKey, spec_of
 from rftflow.components.data.report import validation_report
 from rftflow.components.campaign.preflight import Preflight, run_name
 from rftflow.components.explore.engines import weights_digest
@@ -167,15 +168,17 @@ class CampaignRun:
         return self.campaign.stop.reason
 
     # stages: each timed; metrics (MLflow, step = round) and state committed after a round's last stage
-    def _tracked(self, step: Step, round_no: int, work: Callable[[], dict[str, float]]) -> dict[str, float]:
-        """Run ``work``, time it, and record its metrics and the campaign's progress. A round's
+    def _tracked(self, step: StepKey, round_no: int, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run ``work``, time it, and record its metrics (text values, such as a decision, are
+        returned but not logged) and the campaign's progress. A round's
         stage metrics and the state are committed together (one MLflow write, one state write)
         after its last stage, at most every ``COMMIT_SECONDS`` (rounds of a fraction of a second
         would otherwise spend a tenth of their time on it); any other step commits at once, so
         everything is written at each evaluation, checkpoint and the end. What a crash loses is
         after the newest checkpoint, which a resumed campaign redoes and logs again."""
         start = time.perf_counter()
-        metrics = {k: float(v) for k, v in work().items()}
+        result = work()
+        metrics = {k: float(v) for k, v in result.items() if not isinstance(v, str)}
         end = time.perf_counter()
         metrics[f"time/{step.value}_s"] = end - start
         if step in self.stages:  # the span of this attempt's rounds: first stage's start to latest stage's end
@@ -194,7 +197,7 @@ class CampaignRun:
                 self.states.write(self.state)
                 self._committed_at = end
         self.step_seconds = time.perf_counter() - start  # the work and its tracking: what a task run wraps
-        return metrics
+        return {**metrics, **{k: v for k, v in result.items() if isinstance(v, str)}}
 
     # what is left, and a step of it -----------------------------------------------------------
     def phases(self) -> Iterator[Phase]:
@@ -208,34 +211,12 @@ class CampaignRun:
                 yield from lane
 
     def do(self, planned: Planned) -> dict[str, Any]:
-        """Step ``planned`` (see ``schedule.Step``), by its method."""
-        r = planned.round
-        match planned.step:
-            case Step.PREPARE:
-                return self.prepare(r)
-            case Step.WARM_START:
-                return self.warm_start(r)
-            case Step.AWAIT_TASKSET:
-                return self.await_taskset(r)
-            case Step.EXPLORE:
-                return self.explore(r)
-            case Step.VERIFY:
-                return self.verify(r)
-            case Step.BUFFER:
-                return self.buffer(r)
-            case Step.TRAIN:
-                return self.train(r)
-            case Step.SYNC:
-                return self.sync(r)
-            case Step.EVALUATE:
-                return self.evaluate(r)
-            case Step.CHECKPOINT:
-                return self.checkpoint(r)
-            case Step.REGISTER:
-                return self.register(r)
-            case Step.PROMOTE:
-                return self.promote(r)
-        raise ValueError(f"unknown step {planned.step!r}")
+        """Step ``planned``: its row of the step table (``campaign.steps``) run, and tracked
+        (``_tracked``) when the row says so."""
+        spec, r = spec_of(planned.step), planned.round
+        if not spec.tracked:
+            return spec.work(self, r)
+        return self._tracked(planned.step, r, lambda: spec.work(self, r))
 
     def round(self, round_no: int) -> dict[str, float]:
         """This process's stages of round ``round_no`` (``stages``), in order; their metrics."""
@@ -254,39 +235,12 @@ class CampaignRun:
                     done.result()
         return self.finish()
 
-    # the steps, each timed and tracked (``_tracked``) -----------------------------------------
-    def prepare(self, round_no: int = 0) -> dict[str, float]:
-        return self._tracked(Step.PREPARE, round_no, self.campaign.prepare)
-
-    def warm_start(self, round_no: int = 0) -> dict[str, float]:
-        return self._tracked(Step.WARM_START, round_no, lambda: self.campaign.warm_start(self.on_warmup_step))
-
-    def await_taskset(self, round_no: int = 0) -> dict[str, float]:
-        return self._tracked(Step.AWAIT_TASKSET, round_no, self.campaign.await_taskset)
-
-    def explore(self, round_no: int) -> dict[str, float]:
-        return self._tracked(Step.EXPLORE, round_no, lambda: self.campaign.explore(round_no))
-
-    def verify(self, round_no: int) -> dict[str, float]:
-        return self._tracked(Step.VERIFY, round_no, lambda: self.campaign.verify(round_no))
-
-    def buffer(self, round_no: int) -> dict[str, float]:
-        return self._tracked(Step.BUFFER, round_no, lambda: self.campaign.buffer(round_no))
-
-    def train(self, round_no: int) -> dict[str, float]:
-        return self._tracked(Step.TRAIN, round_no, lambda: self.campaign.train(round_no))
-
-    def sync(self, round_no: int) -> dict[str, float]:
-        return self._tracked(Step.SYNC, round_no, lambda: self.campaign.sync(round_no))
-
+    # the steps that the table (``campaign.steps``) runs through this attempt -------------------
     def evaluate(self, round_no: int) -> dict[str, float]:
         """Held-out accuracy at ``round_no`` (0 = before the rounds), kept in the state."""
-        def work() -> dict[str, float]:
-            metrics = self.campaign.evaluate()
-            self.state.evals[str(round_no)] = metrics["accuracy/held_out"]
-            return metrics
-
-        return self._tracked(Step.EVALUATE, round_no, work)
+        metrics = self.campaign.evaluate()
+        self.state.evals[str(round_no)] = metrics["accuracy/held_out"]
+        return metrics
 
     def checkpoint(self, round_no: int) -> dict[str, Any]:
         """Checkpoint after ``round_no``: all of it to the store (what a resume reads), and to the
@@ -373,15 +327,12 @@ class CampaignRun:
         alias moves on a clear, significant win; the decision's line goes into the summary."""
         from rftflow.components.campaign.promotion import promote
 
-        def work() -> dict[str, float]:
-            decision = promote(self.checked, self.state.model_version)
-            self.promotion = decision.line()
-            metrics = {"version/promoted": float(decision.promoted)}
-            if decision.p_value is not None:
-                metrics["version/p_value"] = decision.p_value
-            return metrics
-
-        return {**self._tracked(Step.PROMOTE, round_no, work), "decision": self.promotion}
+        decision = promote(self.checked, self.state.model_version)
+        self.promotion = decision.line()
+        metrics = {"version/promoted": float(decision.promoted), "decision": self.promotion}
+        if decision.p_value is not None:
+            metrics["version/p_value"] = decision.p_value
+        return metrics
 
     def validation_report(self, store_reachable: bool = True) -> tuple[Path, str]:
         """``<run dir>/validation/validation.md``, also logged to the MLflow run: (path, artifact URI).

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
-from rftflow.components.config import CampaignConfig
+from rftflow.components.config import CampaignConfig, Mode
 
 
 class Step(Enum):
@@ -79,7 +79,7 @@ def phases(cfg: CampaignConfig, *, first_round: int, fresh: bool) -> Iterator[Ph
     while round t trains (two lanes)."""
     one = lambda step, r: [[Planned(step, r)]]  # noqa: E731 — a phase of one step
     stages, mode, last = round_stages(cfg.mode), cfg.mode, cfg.rounds
-    if mode == "explore":
+    if mode == Mode.EXPLORE:
         if fresh:
             yield one(Step.AWAIT_TASKSET, 0)
         for r in range(first_round, last + 1):
@@ -87,7 +87,7 @@ def phases(cfg: CampaignConfig, *, first_round: int, fresh: bool) -> Iterator[Ph
         return
     if fresh:
         yield from (one(step, 0) for step in (Step.PREPARE, Step.WARM_START, Step.EVALUATE, Step.CHECKPOINT))
-    ahead = cfg.sync.offset if mode == "async" else 0
+    ahead = cfg.sync.offset if mode == Mode.ASYNC else 0
     explore = (lambda r: [Planned(step, r) for step in ROUND[:3]] if first_round <= r <= last else [])
     for r in range(first_round, min(first_round + ahead, last + 1)):  # the explorer's head start
         yield [explore(r)]

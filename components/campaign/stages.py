@@ -4,8 +4,8 @@ A round is ``schedule.ROUND``, its stages in order: explore → verify → buffe
 method each. Stage methods take a round number and return small metric dicts (namespaced keys). Explore's rollouts are committed to the store (``staging/``) and
 read from memory by verify (from the store when verify runs again, or after a resume); verify hands
 its verified rows to buffer in memory, kept until buffer has stored them (as usual experiences and
-quarantine: the same rows), so a retried buffer has them. Nothing here imports Prefect: ``tasks/``
-wrap these methods.
+quarantine: the same rows), so a retried buffer has them. Nothing here imports Prefect: the step
+table (``campaign.steps``) names these methods, ``tasks/`` wraps them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from rftflow.components.buffer.leases import Lease, ShardLeases, shard_of_groups
 from rftflow.components.buffer.sampling import Sampler
 from rftflow.components.data.groups import informative_groups
 from rftflow.components.buffer.selectors import PassRates, measured_rewards, mixture_quotas, select_tasks
-from rftflow.components.config import CampaignConfig
+from rftflow.components.config import CampaignConfig, Mode
 from rftflow.components.data.contracts import ContractBounds, ContractError, check_experiences, enforce
 from rftflow.components.data.pipelines import run_pipeline
 from rftflow.components.data.report import ValidationEntry
@@ -101,15 +101,15 @@ class StopFlag:
 class Campaign:
     """Model copies (trainer + explorer), store, sampler, reward and weight sync of one campaign.
 
-    ``config`` is a ``CampaignConfig``, a mapping of its keys or a YAML path; it passes
-    ``preflight`` (the validation gate) before anything is loaded or written (or it is what
-    ``preflight`` returned).
+    ``checked`` is what ``preflight`` (the validation gate) returned: nothing else is taken, so
+    the config is checked once, before anything is loaded or written. ``Campaign.from_config``
+    checks and makes one (a notebook's, a benchmark's entry).
     """
 
-    def __init__(self, config: Preflight | CampaignConfig | Mapping[str, Any] | str | Path,
-                 run_dir: str | Path | None = None, overrides: Sequence[str] = (), *,
-                 store: ExperienceStore | None = None, stop: StopFlag | None = None):
-        checked = config if isinstance(config, Preflight) else preflight(config, run_dir, overrides)
+    def __init__(self, checked: Preflight, *, store: ExperienceStore | None = None, stop: StopFlag | None = None):
+        if not isinstance(checked, Preflight):
+            raise TypeError(f"Campaign takes preflight(config, run_dir, overrides)'s result, not a "
+                            f"{type(checked).__name__}: Campaign.from_config(config, run_dir, overrides) checks it")
         cfg = self.cfg = checked.cfg
         self.run_dir, self.algorithm = checked.run_dir, checked.algorithm
         if cfg.threads:
@@ -120,7 +120,7 @@ class Campaign:
                                               write_behind=cfg.storage.write_behind, shards=cfg.explorer.shards)
         self.weight_store = WeightStore(self.store.objects, cfg.name)  # checkpoints and published weights
         self.reward_fn = campaign_rewards(cfg)
-        self.has_trainer, self.has_explorer = cfg.mode != "explore", cfg.mode != "train"
+        self.has_trainer, self.has_explorer = cfg.mode.trains, cfg.mode.explores
         policy, self.tokenizer = load_model(cfg.model.path, allow_download=cfg.model.allow_download,
                                             dtype=cfg.model.dtype)
         # a vision-language model's processor (None for text): saved with its checkpoints, as the tokenizer is
@@ -147,7 +147,7 @@ class Campaign:
                                    round_rows=cfg.explorer.tasks_per_round * cfg.explorer.repeat_times,
                                    groups_per_round=cfg.explorer.tasks_per_round, seed=cfg.seed,
                                    # rows older than the trainer: a second lane or process, replay, or sync every k > 1
-                                   stale_possible=cfg.mode != "both" or cfg.buffer.sampling == "replay"
+                                   stale_possible=cfg.mode != Mode.BOTH or cfg.buffer.sampling == "replay"
                                    or cfg.sync.interval > 1)
         source = self.trainer.policy_weights if self.trainer else None
         target = self.engine if self.has_explorer else None
@@ -161,11 +161,18 @@ class Campaign:
         self.verified: dict[int, pa.Table | None] = {}  # verify's rows of a round, until buffer has stored them
         # several explorer processes: this one's leases on shards, and the shards it explored in each round
         self.leases = (ShardLeases(self.store.direct, cfg.name, cfg.explorer.lease_seconds)
-                       if cfg.mode == "explore" and cfg.explorer.shards > 1 else None)
+                       if cfg.mode == Mode.EXPLORE and cfg.explorer.shards > 1 else None)
         self.held: dict[int, list[Lease]] = {}
         self.first_open = 1  # the oldest round that may have shards left to commit (``_take_over``)
         self.stop = stop or StopFlag()  # set: stop after the current stage, end a wait or the warm start
         self.warm_step: int | None = None  # steps of the newest warm-start checkpoint written or restored here
+
+    @classmethod
+    def from_config(cls, config: CampaignConfig | Mapping[str, Any] | str | Path | None,
+                    run_dir: str | Path | None = None, overrides: Sequence[str] = (), **options: Any) -> Campaign:
+        """``config`` (a ``CampaignConfig``, a mapping of its keys, a YAML path; ``overrides``:
+        ``key.path=value``) checked by ``preflight``, then its campaign."""
+        return cls(preflight(config, run_dir, overrides), **options)
 
     # setup -----------------------------------------------------------------------------------
     def prepare(self) -> dict[str, float]:
@@ -645,19 +652,10 @@ class Campaign:
         return {k: v for step in ROUND for k, v in self.stage(step, round_no).items()}
 
     def stage(self, step: Step, round_no: int) -> dict[str, float]:
-        """Stage ``step`` (one of ``schedule.ROUND``) of round ``round_no``."""
-        match step:
-            case Step.EXPLORE:
-                return self.explore(round_no)
-            case Step.VERIFY:
-                return self.verify(round_no)
-            case Step.BUFFER:
-                return self.buffer(round_no)
-            case Step.TRAIN:
-                return self.train(round_no)
-            case Step.SYNC:
-                return self.sync(round_no)
-        raise ValueError(f"{step} is not a stage of a round")
+        """Stage ``step`` (one of ``schedule.ROUND``, a method of its name) of round ``round_no``."""
+        if step not in ROUND:
+            raise ValueError(f"{step} is not a stage of a round")
+        return getattr(self, step.value)(round_no)
 
     # pass rates, evaluation, results ---------------------------------------------------------
     def pass_rates(self) -> PassRates:

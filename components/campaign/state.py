@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rftflow.components.buffer.store import ObjectStore
-from rftflow.components.config import ConfigError, flatten
+from rftflow.components.config import ConfigError, Mode, flatten
 from rftflow.components.version import VERSION
 
 STATUSES = ("running", "finished", "failed", "interrupted")
@@ -251,7 +251,7 @@ def state_role(cfg, run_dir) -> str:
     """Whose state a process of config ``cfg`` in ``run_dir`` keeps: ``campaign`` (it trains),
     ``explorer`` (mode explore), ``explorer-<run dir hash>`` (one of several explorer processes,
     ``explorer.shards`` > 1: each keeps its own, found again by its run dir)."""
-    if cfg.mode != "explore":
+    if cfg.mode != Mode.EXPLORE:
         return "campaign"
     if cfg.explorer.shards == 1:
         return "explorer"

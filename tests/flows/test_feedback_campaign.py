@@ -43,7 +43,7 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
     from rftflow.flows.campaign import rft_campaign
 
     summary = rft_campaign(str(default_config), str(tmp_path / "run"), overrides=settings)  # the real flow
-    campaign = Campaign(default_config, tmp_path / "run", settings)  # reopens the run's store
+    campaign = Campaign.from_config(default_config, tmp_path / "run", settings)  # reopens the run's store
     cfg = campaign.cfg
     report_text = Path(summary["validation_report"]).read_text()  # the file ingested before the run is in it
     assert "| ingested feedback file | 1 | 12 | 11 | 1 |" in report_text

@@ -10,7 +10,7 @@ from rftflow.flows.cli import app
 
 
 def test_campaign_on_s3_is_readable_by_plain_pyarrow(s3_server, s3_bucket, tmp_path, monkeypatch, default_config, small):
-    campaign = Campaign(default_config, tmp_path, [
+    campaign = Campaign.from_config(default_config, tmp_path, [
         *small, "name=s3c", "rounds=3", f"storage.url=s3://{s3_bucket}/campaigns", "storage.addressing_style=path",
         f"storage.endpoint_url={s3_server.endpoint_url}",
     ])

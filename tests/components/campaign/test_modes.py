@@ -13,6 +13,7 @@ import rftflow.components.campaign.stages as campaign_module
 from rftflow.components.config import ConfigError, load_config
 from rftflow.components.campaign.preflight import preflight
 from rftflow.components.campaign.run import CampaignRun
+from rftflow.components.campaign.schedule import Planned, Step
 
 def _named(steps) -> list[tuple[str, int]]:
     """Planned steps as (step name, round)."""
@@ -75,7 +76,7 @@ def test_a_trainer_alone_times_out_in_one_line_when_no_explorer_comes(tmp_path, 
     monkeypatch.setattr(campaign_module, "time", SimpleNamespace(
         monotonic=time.monotonic, sleep=lambda s: (pauses.append(s), time.sleep(s))))
     with pytest.raises(TimeoutError, match=r"waited 1 s for round 1's experiences .* --mode explore\|train"):
-        run.train(1)
+        run.do(Planned(Step.TRAIN, 1))
     # the store is looked at after 2 ms, then twice as long each time, never more than 0.5 s apart
     assert pauses[:4] == [0.002, 0.004, 0.008, 0.016] and max(pauses) == campaign_module.POLL_MAX_SECONDS == 0.5
 
@@ -99,7 +100,7 @@ def test_a_trainer_alone_evaluates_the_weights_it_trained_since_its_last_evaluat
     from rftflow.components.campaign.stages import Campaign
     from rftflow.components.explore.engines import make_engine
 
-    campaign = Campaign(default_config, tmp_path, [*small, *TWO, "mode=train", "trainer.warmup_steps=0"])
+    campaign = Campaign.from_config(default_config, tmp_path, [*small, *TWO, "mode=train", "trainer.warmup_steps=0"])
     campaign.prepare()
     prompts = [campaign.engine.encode(t.prompt) for t in campaign.train_tasks[:16]]
 

@@ -1,5 +1,5 @@
 """The validation gate: bad input fails before any work and before anything is written, in one
-line naming the culprit, whether the campaign starts from ``preflight`` or ``Campaign(...)``.
+line naming the culprit, whether the campaign starts from ``preflight`` or ``Campaign.from_config``.
 (The CLI and the flow are tried in tests/flows.)"""
 
 import pytest
@@ -58,7 +58,7 @@ def bad(tmp_path):
 def test_the_gate_names_the_culprit_in_one_line_before_anything_is_written(case, bad, tmp_path, default_config):
     overrides, line = bad(case)
     run_dir = tmp_path / "run"
-    for start in (preflight, Campaign):  # the gate itself, and a notebook's Campaign(...)
+    for start in (preflight, Campaign.from_config):  # the gate itself, and a notebook's campaign
         with pytest.raises(ConfigError) as e:
             start(default_config, run_dir, overrides)
         assert line in str(e.value) and "\n" not in str(e.value)

@@ -17,7 +17,7 @@ from rftflow.components.config import load_config
 def started(tmp_path, default_config, small):
     """``started(*overrides)``: a small campaign, prepared and warm-started, ready for its rounds."""
     def start(*overrides: str) -> Campaign:
-        campaign = Campaign(default_config, tmp_path, [*small, *overrides])
+        campaign = Campaign.from_config(default_config, tmp_path, [*small, *overrides])
         campaign.prepare()
         campaign.warm_start()
         return campaign
@@ -25,18 +25,23 @@ def started(tmp_path, default_config, small):
     return start
 
 
-def test_every_step_has_a_method_and_a_task_of_its_name_and_the_round_is_its_stages_in_order(tmp_path, default_config,
-                                                                                                small):
+def test_every_step_is_a_row_of_the_table_and_a_task_of_its_name_and_the_round_is_its_stages_in_order(
+        tmp_path, default_config, small):
     from rftflow.components.campaign.run import CampaignRun
+    from rftflow.components.campaign.steps import STEPS, spec_of
     from rftflow.flows.campaign import task_of
 
     assert [s.value for s in ROUND] == ["explore", "verify", "buffer", "train", "sync"]
     run = CampaignRun(preflight(default_config, tmp_path, [*small]))
-    for step in Step:  # the flow's task and the plain runner's method for each step carry the step's name
+    assert list(STEPS) == [s.value for s in Step]  # one row per step, in the schedule's order
+    for step in Step:  # the flow's task carries the step's name, and retries only what is idempotent
         task, args = task_of(run, Planned(step, 1))
-        assert task.name == step.value and args == (run, 1)
-        assert getattr(CampaignRun, step.value).__name__ == step.value
+        assert task.name == step.value and args == (run, 1) and spec_of(step).step is step
+        assert task.retries == (2 if spec_of(step).idempotent else 0)
+        assert task.task_run_name == f"{step.value}[r={{round_no}}]"
+    assert {s.name for s in STEPS.values() if s.idempotent} == {"prepare", "buffer", "register"}
     assert {s for p in run.phases() for lane in p for s in (x.step for x in lane)} <= set(Step)
+    run.end("finished")
 
 
 def test_sync_gives_the_explorer_the_trainers_weights_and_nothing_before(started):
@@ -117,7 +122,7 @@ def test_prioritize_orders_train_tasks_by_pass_rates_measured_in_the_store(tmp_p
     # what an earlier campaign in this store measured (reward sum, attempts) for three of its tasks
     measured = {train[5].task_id: [4.0, 4], train[9].task_id: [0.0, 8], train[20].task_id: [2.0, 4]}
     ExperienceStore(open_store(cfg.storage.url), "first").write_state("pass_rates", {"rounds": [1], "tasks": measured})
-    campaign = Campaign(cfg, tmp_path / "run")
+    campaign = Campaign.from_config(cfg, tmp_path / "run")
     campaign.prepare()
     order = [t.task_id for t in campaign.train_tasks]
     # hardest first: 0/8, then every unmeasured task (shrunk to the mean, 6/16), then 2/4, then 4/4
@@ -164,11 +169,11 @@ def test_with_a_gpu_the_explorer_decodes_and_the_trainer_trains_on_it(started):
 def test_the_rounds_take_the_train_split_the_store_holds(tmp_path, default_config, small):
     from rftflow.components.data.tasksets import tasks_from_table
 
-    fresh = Campaign(default_config, tmp_path / "fresh", [*small, "name=split"])
+    fresh = Campaign.from_config(default_config, tmp_path / "fresh", [*small, "name=split"])
     fresh.prepare()  # hands over the split it stored
     assert fresh.train_tasks == tasks_from_table(fresh.store.read_tasks("train"))
     # an earlier attempt stored another train split and stopped before the eval split: that one is kept and used
-    campaign = Campaign(default_config, tmp_path / "resumed", [*small, "name=split"])
+    campaign = Campaign.from_config(default_config, tmp_path / "resumed", [*small, "name=split"])
     earlier = fresh.store.read_tasks("train").slice(0, 5)
     campaign.store.write_tasks("train", earlier)
     campaign.prepare()

@@ -7,6 +7,7 @@ import torch
 
 from rftflow.components.campaign.preflight import preflight
 from rftflow.components.campaign.run import CampaignRun
+from rftflow.components.campaign.schedule import Planned, Step
 from rftflow.components.campaign.stages import StopRequested
 
 WARM = ["rounds=1", "trainer.warmup_steps=40", "trainer.warmup_checkpoint_every=10"]
@@ -52,9 +53,9 @@ def _cut_warm_start(run: CampaignRun, at: int, stop: bool) -> int:
             run.campaign.stop.reason = "SIGINT"
 
     run.on_warmup_step = hook
-    run.prepare(0)
+    run.do(Planned(Step.PREPARE, 0))
     with pytest.raises(StopRequested if stop else Crash):
-        run.warm_start(0)
+        run.do(Planned(Step.WARM_START, 0))
     return steps[0]
 
 

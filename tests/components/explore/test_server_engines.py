@@ -283,7 +283,7 @@ def _lora_campaign_on(server: str, tmp_path, default_config, small, *, adapters:
     from rftflow.components.campaign.stages import Campaign
     from rftflow.components.explore.sync import SyncMismatch
 
-    campaign = Campaign(default_config, tmp_path, [
+    campaign = Campaign.from_config(default_config, tmp_path, [
         *small, "name=lora-served", "explorer.engine=openai", f"explorer.base_url={server}",
         "explorer.served_model=tiny", "model.lora={rank: 8, alpha: 16}", "trainer.lr=2.0e-2",
         "sync.check_logprobs_every=1", f"sync.logprob_tolerance={LOGPROB_TOLERANCE}"])

@@ -49,7 +49,7 @@ def test_a_server_killed_mid_round_loses_nothing_and_one_that_comes_back_is_sync
     from rftflow.components.explore.models import resolve_model_path
 
     tasks, repeat = 32, 4
-    campaign = Campaign(default_config, tmp_path, [
+    campaign = Campaign.from_config(default_config, tmp_path, [
         *small, "name=pool", "rounds=3", "explorer.engine=openai", "explorer.served_model=tiny",
         f"explorer.base_url=[{servers[0].url}, {servers[1].url}]", f"explorer.tasks_per_round={tasks}",
         f"explorer.repeat_times={repeat}", "explorer.max_new_tokens=48", "sync.check_logprobs_every=1",

@@ -186,7 +186,7 @@ def test_environments_that_raise_hang_or_return_garbage_are_quarantined_with_the
               "explorer": {"tasks_per_round": 16, "repeat_times": 2, "max_new_tokens": 4},
               "algorithm": {"name": "grpo"}, "buffer": {"expert_per_round": 0}, "contracts": {"max_bad_fraction": 1.0},
               "trainer": {"warmup_steps": 0, "micro_batch_size": 32}}
-    campaign = Campaign(config, tmp_path / "run")
+    campaign = Campaign.from_config(config, tmp_path / "run")
     campaign.prepare()
     campaign.warm_start()
     start = time.monotonic()

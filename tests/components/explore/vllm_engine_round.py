@@ -11,7 +11,7 @@ from rftflow.components.config import load_config
 
 config, run_dir, *overrides = sys.argv[1:]
 cfg = load_config(config, overrides)
-campaign = Campaign(cfg, run_dir)
+campaign = Campaign.from_config(cfg, run_dir)
 campaign.prepare()
 campaign.warm_start()
 rounds = []

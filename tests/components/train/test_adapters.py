@@ -71,8 +71,8 @@ def test_each_sync_is_checked_and_one_that_did_not_arrive_fails_the_round(tmp_pa
     from rftflow.components.campaign.stages import Campaign
     from rftflow.components.explore.sync import SyncMismatch
 
-    campaign = Campaign(default_config, tmp_path, [*small, "name=lora-sync", "model.lora={rank: 8, alpha: 16}",
-                                                   "trainer.lr=2e-2", "sync.check_logprobs_every=1"])
+    campaign = Campaign.from_config(default_config, tmp_path, [
+        *small, "name=lora-sync", "model.lora={rank: 8, alpha: 16}", "trainer.lr=2e-2", "sync.check_logprobs_every=1"])
     campaign.prepare()
     campaign.warm_start()
     for round_no in (1, 2):

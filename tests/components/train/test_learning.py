@@ -18,7 +18,7 @@ def comparison_tasks(path: Path) -> Path:
 
 @pytest.mark.slow
 def test_grpo_raises_reward_on_an_easy_task(tmp_path, default_config):
-    campaign = Campaign(default_config, tmp_path, [
+    campaign = Campaign.from_config(default_config, tmp_path, [
         "name=learn", "seed=0", f"taskset.source={comparison_tasks(tmp_path / 'cmp.jsonl')}",
         "taskset.eval_size=10", "taskset.prompt_template={question}=", "reward.function=exact_match",
         "algorithm.name=grpo", "algorithm.lr_scale=1", "trainer.lr=1e-3", "trainer.micro_batch_size=32", "trainer.warmup_steps=10",
@@ -38,7 +38,8 @@ def test_grpo_on_episodes_raises_the_success_of_a_multi_turn_game(tmp_path):
     policy's own episodes (their success is the reward; the environment's tokens are masked) win
     more often after GRPO than before, and so does the greedy policy on held-out games."""
     config = Path(__file__).resolve().parents[3] / "configs" / "guess-number.yaml"
-    campaign = Campaign(config, tmp_path, ["seed=0", "rounds=40", "threads=1", "explorer.tasks_per_round=16"])
+    campaign = Campaign.from_config(config, tmp_path,
+                                    ["seed=0", "rounds=40", "threads=1", "explorer.tasks_per_round=16"])
     campaign.prepare()
     campaign.warm_start()  # 50 SFT steps on binary-search games
     held_out_before = campaign.evaluate()["accuracy/held_out"]
@@ -58,7 +59,7 @@ def test_grpo_with_a_calculator_tool_raises_held_out_accuracy(tmp_path):
     training problems, and GRPO on the policy's own episodes (tool responses masked) then raises the
     sampled reward and the greedy accuracy on held-out problems."""
     config = Path(__file__).resolve().parents[3] / "configs" / "calculator-tools.yaml"
-    campaign = Campaign(config, tmp_path, ["seed=1", "rounds=10", "threads=1"])
+    campaign = Campaign.from_config(config, tmp_path, ["seed=1", "rounds=10", "threads=1"])
     campaign.prepare()
     warm = campaign.warm_start()
     held_out_before = campaign.evaluate()["accuracy/held_out"]
