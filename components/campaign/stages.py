@@ -1,11 +1,16 @@
-"""``Campaign``: the parts of one running campaign, wired together, with one method per stage.
+"""``Campaign``: the parts of one running campaign wired together, and a method per stage that
+hands explicit values from one room's stage to the next.
 
-A round is ``schedule.ROUND``, its stages in order: explore → verify → buffer → train → sync, one
-method each. Stage methods take a round number and return small metric dicts (namespaced keys). Explore's rollouts are committed to the store (``staging/``) and
-read from memory by verify (from the store when verify runs again, or after a resume); verify hands
-its verified rows to buffer in memory, kept until buffer has stored them (as usual experiences and
-quarantine: the same rows), so a retried buffer has them. Nothing here imports Prefect: the step
-table (``campaign.steps``) names these methods, ``tasks/`` wraps them.
+A round is ``schedule.ROUND``: explore → verify → buffer → train → sync. Each stage's work lives in
+its room — explore's round in ``explore.round.ExploreRound`` (tasks, workflows, staging, shards,
+leases), scoring and the contract in ``verify.check``, the commit in ``buffer.commit``, the update in
+``train.update``, held-out evaluation in ``evaluation.greedy`` — and the methods here call them with
+what this campaign holds: its store, engine, workflows, trainer, sampler and weight sync, built from
+the checked config (``preflight``'s result, nothing else). Explore's rollouts are committed to the
+store (``staging/``) and read back by verify; verify hands its verified rows to buffer in memory,
+kept until buffer has stored them, so a retried buffer has them. The warm start, checkpoints and
+restore are here too (they span the trainer, the store and the explorer). Nothing here imports
+Prefect: the step table (``campaign.steps``) names these methods, ``tasks/`` wraps them.
 """
 
 from __future__ import annotations
@@ -24,38 +29,38 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
+from rftflow.components.buffer.commit import commit_round, commit_shards
 from rftflow.components.buffer.experiences import ExperienceStore
-from rftflow.components.buffer.weights import CorruptCheckpoint, WeightStore
-
 from rftflow.components.buffer.layout import campaigns_in, open_run_store, round_dir
-from rftflow.components.buffer.leases import Lease, ShardLeases, shard_of_groups, shard_slice
+from rftflow.components.buffer.leases import ShardLeases
 from rftflow.components.buffer.sampling import Sampler
-from rftflow.components.data.groups import informative_groups
-from rftflow.components.buffer.selectors import PassRates, measured_rewards, mixture_quotas, select_tasks
-from rftflow.components.config import CampaignConfig, Mode
-from rftflow.components.data.contracts import ContractBounds, ContractError, check_experiences, enforce
-from rftflow.components.data.pipelines import run_pipeline
-from rftflow.components.data.report import ValidationEntry
-from rftflow.components.data.tasksets import (Task, by_part, load_mixture, load_tasks, recheck_tasks,
-                                               tasks_from_table, tasks_to_table)
-from rftflow.components.explore.workflows import make_workflow, table_episode_metrics
-from rftflow.components.verify import scoring
-from rftflow.components.verify.check import check_round, per_taskset_rewards
-from rftflow.components.evaluation.greedy import mixture_metrics
-from rftflow.components.explore.decode import forget_fused
-from rftflow.components.explore.engines import make_engine
-from rftflow.components.data.images import task_images
-from rftflow.components.explore.models import load_model, load_processor
-from rftflow.components.verify.rewards import campaign_rewards
-from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync, check_sync
+from rftflow.components.buffer.selectors import PassRates, measured_rewards
+from rftflow.components.buffer.weights import CorruptCheckpoint, WeightStore
 from rftflow.components.campaign.preflight import Preflight, preflight
 from rftflow.components.campaign.schedule import ROUND, Step, sync_due
+from rftflow.components.config import CampaignConfig, Mode
+from rftflow.components.data.contracts import ContractBounds, ContractError, check_experiences, enforce
+from rftflow.components.data.images import task_images
+from rftflow.components.data.pipelines import run_pipeline
+from rftflow.components.data.report import ValidationEntry
+from rftflow.components.data.tasksets import (Task, load_mixture, load_tasks, recheck_tasks, tasks_from_table,
+                                               tasks_to_table)
+from rftflow.components.evaluation.greedy import held_out
+from rftflow.components.explore.decode import forget_fused
+from rftflow.components.explore.engines import make_engine
+from rftflow.components.explore.models import load_model, load_processor
+from rftflow.components.explore.round import ExploreRound
+from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync, check_sync
+from rftflow.components.explore.workflows import make_workflow
 from rftflow.components.train import adapters
 from rftflow.components.train.checkpoints import load_trainer, save_trainer
 from rftflow.components.train.trainer import Trainer
+from rftflow.components.train.update import update
+from rftflow.components.verify.check import check_round, per_taskset_rewards
+from rftflow.components.verify.rewards import campaign_rewards
+from rftflow.components.verify.scoring import score
 
 # buffer state a checkpoint restores: the trainer's (sampling cursors) and the explorer's (pass rates)
 TRAINER_STATE, EXPLORER_STATE = ("fifo_cursor", "replay_uses"), ("pass_rates",)
@@ -133,7 +138,7 @@ class Campaign:
         self.engine = make_engine(engine, explorer_model, self.tokenizer, cfg.model, seed=cfg.seed)
         context = getattr(policy.config, "max_position_embeddings", None)
         self.workflow = make_workflow(cfg, self.tokenizer, reward_fn=self.reward_fn, context_limit=context)
-        # a mixture's parts, each with its weight and the workflow of its taskset (see ``_by_workflow``)
+        # a mixture's parts, each with its weight and the workflow of its taskset (``ExploreRound.by_workflow``)
         self.parts = {p.name: p.weight for p in cfg.mixture}
         self.workflows = {name: make_workflow(cfg.model_copy(update={"taskset": taskset}), self.tokenizer,
                                               reward_fn=self.reward_fn, context_limit=context)
@@ -159,11 +164,14 @@ class Campaign:
         self.syncs_checked = 0  # by ``check_sync`` in this process
         self.validation_log: list[ValidationEntry] = []
         self.verified: dict[int, pa.Table | None] = {}  # verify's rows of a round, until buffer has stored them
-        # several explorer processes: this one's leases on shards, and the shards it explored in each round
+        # several explorer processes: this one's leases on shards (the explorer keeps the shards it explored)
         self.leases = (ShardLeases(self.store.direct, cfg.name, cfg.explorer.lease_seconds)
                        if cfg.mode == Mode.EXPLORE and cfg.explorer.shards > 1 else None)
-        self.held: dict[int, list[Lease]] = {}
-        self.first_open = 1  # the oldest round that may have shards left to commit (``_take_over``)
+        self.explorer = ExploreRound(
+            cfg, self.store, self.engine, self.workflow, self.workflows, self.parts,
+            train_tasks=lambda: self.train_tasks, pass_rates=self.pass_rates,
+            score=lambda table: score(table, self.tasks_by_id, self.reward_fn, cfg.reward.function),
+            dynamic_sampling=self.algorithm.dynamic_sampling, leases=self.leases, settle=self._settle)
         self.stop = stop or StopFlag()  # set: stop after the current stage, end a wait or the warm start
         self.warm_step: int | None = None  # steps of the newest warm-start checkpoint written or restored here
 
@@ -200,7 +208,7 @@ class Campaign:
             self.__dict__["train_tasks"] = train
         expert = pa.concat_tables([workflow.expert_table(self.engine, tasks, campaign=cfg.name,
                                                          limit=cfg.taskset.expert_tasks or None)
-                                   for workflow, tasks in self._by_workflow(train)])
+                                   for workflow, tasks in self.explorer.by_workflow(train)])
         verdict = check_experiences(expert, ContractBounds.of(cfg.contracts), kind="expert")
         self._record("expert contract", 0, expert.num_rows, verdict.quarantined)
         self.store.write_quarantine("expert", verdict.quarantined)  # kept even if the batch fails below
@@ -376,125 +384,24 @@ class Campaign:
 
     # the round's stages (ROUND) --------------------------------------------------------------
     def explore(self, round_no: int) -> dict[str, float]:
-        """Sample the round's tasks and generate ``repeat_times`` responses each → staging/rollouts.
-
-        With dynamic sampling (DAPO), further task batches are explored while fewer than
-        ``tasks_per_round`` groups have unequal rewards (at most ``explorer.max_explore_batches``).
-        """
-        ex = self.cfg.explorer
+        """Explore's stage (``explore.round.ExploreRound``) with the explorer's weights; an explorer
+        alone first waits for the weights the round needs (``needed_version``) and meanwhile takes
+        over earlier shards whose explorer died."""
         if not self.has_trainer:  # an explorer alone: weights come from the store
             needed = self.needed_version(round_no)
 
             def arrived() -> bool:
                 if self.leases is not None:  # meanwhile, earlier shards whose explorer died (the trainer waits)
-                    self._take_over(round_no - 1)
+                    self.explorer.take_over(round_no - 1, self.weights.version)
                 return self.weights.pull() >= needed
 
             self._wait(arrived, f"weights of version >= {needed} (the trainer's)")
-        if self.leases is not None:
-            return self._explore_shards(round_no)
-        torch.manual_seed(self.cfg.seed * 1_000_003 + round_no)
-        tables, batches, in_env = [], 0, 0.0
-        rates = self.pass_rates() if ex.task_selector == "curriculum" else None
-        while True:
-            tasks = self._select(round_no, batches, rates)
-            slot = batches * ex.tasks_per_round
-            for workflow, some in self._by_workflow(tasks):
-                tables.append(workflow.explore(
-                    self.engine, some, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
-                    temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=self.weights.version,
-                    first_slot=slot))
-                slot, in_env = slot + len(some), in_env + workflow.env_wall_seconds
-            batches += 1
-            if not self.algorithm.dynamic_sampling or batches == ex.max_explore_batches:
-                break
-            scored = scoring.score(pa.concat_tables(tables), self.tasks_by_id, self.reward_fn,
-                                    self.cfg.reward.function)
-            if informative_groups(scored) >= ex.tasks_per_round:
-                break
-        table = pa.concat_tables(tables)
-        self.store.write_staging(round_no, "rollouts", table)
-        lengths = pc.list_value_length(table.column("response_ids"))
-        batched = {"rollout/batches": batches} if self.algorithm.dynamic_sampling else {}  # else always 1
-        return {"explore/rows": table.num_rows, **batched,
-                "rollout/response_len": pc.mean(lengths).as_py() or 0.0, **table_episode_metrics(table),
-                **({"time/environment_s": in_env} if self.cfg.workflows() != {"single_turn"} else {})}
+        return self.explorer.explore(round_no, self.weights.version)
 
-    def _explore_shards(self, round_no: int) -> dict[str, float]:
-        """One of several explorer processes: each shard of the round that nobody holds is leased,
-        explored and staged (``staging`` part = the shard), until none is left for this process;
-        the shards it holds go on to verify and buffer. Shards of earlier rounds whose explorer died
-        (their lease expired) are redone first (``_take_over``)."""
-        taken = self._take_over(round_no - 1)
-        tasks = self._select(round_no, 0, None)
-        held, rows = self.held.setdefault(round_no, []), 0
-        for shard in range(self.cfg.explorer.shards):
-            if self.store.round_committed(round_no, shard) or any(lease.shard == shard for lease in held):
-                continue
-            lease = self.leases.acquire(round_no, shard)
-            if lease is not None:
-                rows += self._explore_shard(round_no, shard, tasks).num_rows
-                held.append(lease)
-        return {"explore/rows": rows, "explore/shards": len(held), "explore/shards_taken_over": taken}
-
-    def _take_over(self, last_round: int) -> int:
-        """Redo here — explore, verify, commit — each shard of rounds up to ``last_round`` that is not
-        committed and whose lease expired (its explorer died) or was never taken; how many.
-        Rounds known to be whole are not looked at again."""
-        taken = 0
-        while self.first_open <= last_round and self.store.round_committed(self.first_open):
-            self.first_open += 1
-        for round_no in range(self.first_open, last_round + 1):
-            for shard in range(self.cfg.explorer.shards):
-                if self.store.round_committed(round_no, shard):
-                    continue
-                lease = self.leases.acquire(round_no, shard)
-                if lease is None:  # its explorer is alive
-                    continue
-                self._explore_shard(round_no, shard, self._select(round_no, 0, None))
-                self.held[round_no] = [lease]
-                self.verify(round_no)
-                self._commit_held(round_no, self.verified.get(round_no))
-                taken += 1
-        return taken
-
-    def _explore_shard(self, round_no: int, shard: int, tasks: list[Task]) -> pa.Table:
-        """Shard ``shard``'s slice of the round's ``tasks`` explored (seeded by round and shard) → staging."""
-        ex = self.cfg.explorer
-        torch.manual_seed(self.cfg.seed * 1_000_003 + round_no + 7_919 * shard)
-        part = shard_slice(len(tasks), ex.shards, shard)
-        tables, slot = [], part.start
-        for workflow, some in self._by_workflow(tasks[part.start:part.stop]):
-            tables.append(workflow.explore(
-                self.engine, some, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
-                temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=self.weights.version,
-                first_slot=slot))
-            slot += len(some)
-        table = pa.concat_tables(tables)
-        self.store.write_staging(round_no, "rollouts", table, part=shard)
-        return table
-
-    def _select(self, round_no: int, batch: int, rates: PassRates | None) -> list[Task]:
-        """The round's tasks (refill ``batch``): ``explorer.tasks_per_round`` by the task selector; in a
-        mixture each part's share by its weight (``mixture_quotas``), each part selected on its own."""
-        ex = self.cfg.explorer
-        pick = functools.partial(select_tasks, selector=ex.task_selector, batch=batch, pass_rates=rates,
-                                 target=ex.curriculum_target)
-        if not self.parts:
-            return pick(self.train_tasks, round_no, ex.tasks_per_round, self.cfg.seed)
-        quotas = mixture_quotas(self.parts, ex.tasks_per_round)
-        return [t for name, k in quotas.items() if k
-                for t in pick(self.part_train[name], round_no, k, f"{self.cfg.seed}:{name}")]
-
-    @functools.cached_property
-    def part_train(self) -> dict[str, list[Task]]:
-        """A mixture's train tasks by part."""
-        return {name: [self.train_tasks[i] for i in rows] for name, rows in by_part(self.train_tasks).items()}
-
-    def _by_workflow(self, tasks: list[Task]) -> list[tuple[Any, list[Task]]]:
-        """``tasks`` grouped by the workflow that runs them (a mixture part's, else the campaign's), in order."""
-        return [(self.workflows[name] if self.parts else self.workflow, [tasks[i] for i in rows])
-                for name, rows in by_part(tasks).items()]
+    def _settle(self, round_no: int) -> None:
+        """A shard taken over (``ExploreRound.take_over``), verified and committed here."""
+        self.verify(round_no)
+        self._commit_held(round_no, self.verified.get(round_no))
 
     def verify(self, round_no: int) -> dict[str, float]:
         """Score the rollouts, check the experience contract and run the experience pipeline
@@ -503,11 +410,8 @@ class Campaign:
         contracts = self.cfg.contracts
         bounds = ContractBounds.of(contracts, max_model_version=self.weights.version,
                                    group_size=self.cfg.explorer.repeat_times)
-        if self.leases is None:
-            rollouts = self.store.read_staging(round_no, "rollouts")
-        elif held := self.held.get(round_no):  # several explorer processes: the shards this one explored
-            rollouts = pa.concat_tables([self.store.read_staging(round_no, "rollouts", lease.shard) for lease in held])
-        else:  # the other explorers hold every shard of this round
+        rollouts = self.explorer.staged(round_no)
+        if rollouts is None:  # several explorer processes: the others hold every shard of this round
             self.verified[round_no] = None
             return {}
         checked = check_round(rollouts, self.tasks_by_id, self.reward_fn,
@@ -532,17 +436,14 @@ class Campaign:
         if verified is None:
             raise RuntimeError(f"round {round_no}: buffer runs after verify in the same process (its verified rows "
                                "are handed over in memory)")
-        rejected = pc.is_valid(verified.column("reason"))
-        accepted = verified.filter(pc.invert(rejected)).drop_columns(["reason"])
-        self.store.write_usual(round_no, accepted, keep=self.has_trainer)
-        self.store.write_quarantine(round_no, verified.filter(rejected))
+        accepted = commit_round(self.store, round_no, verified, keep=self.has_trainer)
         rates = self.pass_rates()
         if rates.add_round(round_no, measured_rewards(verified)):
             self.store.write_state("pass_rates", rates.to_state())
         if not self.has_trainer:  # an explorer process: the round is the trainer process's to take now
             self.store.flush()
         del self.verified[round_no]
-        return {"buffer/usual_rows": accepted.num_rows, "tasks/mean_pass_rate": rates.mean()}
+        return {"buffer/usual_rows": accepted, "tasks/mean_pass_rate": rates.mean()}
 
     def _buffer_shards(self, round_no: int, verified: pa.Table | None) -> dict[str, float]:
         """One of several explorer processes: the shards it holds committed (``_commit_held``). The
@@ -554,48 +455,25 @@ class Campaign:
         if round_no == self.cfg.rounds:
             def all_committed() -> bool:
                 nonlocal taken
-                taken += self._take_over(round_no)
-                return self.first_open > round_no
+                taken += self.explorer.take_over(round_no, self.weights.version)
+                return self.explorer.first_open > round_no
 
             # looked at often: the other shards end about when this one did
             self._wait(all_committed, "the other explorer processes' last shards", most=0.05)
         return {"buffer/usual_rows": accepted, "buffer/shards_taken_over": taken}
 
     def _commit_held(self, round_no: int, verified: pa.Table | None) -> int:
-        """Each shard this process holds in ``round_no`` committed as its own part of the round
-        (usual experiences and quarantine; a row's shard is its group's slot), unless another
-        process took the shard over meanwhile; the leases released. The rows accepted."""
-        held, accepted_rows = self.held.pop(round_no, []), 0
+        """The shards this process holds in ``round_no`` committed (``buffer.commit.commit_shards``)."""
         self.verified.pop(round_no, None)
-        if verified is not None:
-            shards = shard_of_groups(verified.column("group_id").to_pylist(), self.cfg.explorer.tasks_per_round,
-                                     self.cfg.explorer.shards)
-            for lease in held:
-                if not self.leases.still_held(lease):
-                    log.warning("round %d: shard %d was taken over by another explorer; its rows here are dropped",
-                                round_no, lease.shard)
-                    continue
-                rows = verified.filter(pa.array([s == lease.shard for s in shards], pa.bool_()))
-                rejected = pc.is_valid(rows.column("reason"))
-                accepted = rows.filter(pc.invert(rejected)).drop_columns(["reason"])
-                self.store.write_usual(round_no, accepted, keep=False, part=lease.shard)
-                self.store.write_quarantine(round_no, rows.filter(rejected), part=lease.shard)
-                accepted_rows += accepted.num_rows
-            self.store.flush()
-        for lease in held:
-            self.leases.release(lease)
-        return accepted_rows
+        return commit_shards(self.store, self.leases, self.explorer.held.pop(round_no, []), round_no, verified,
+                             tasks_per_round=self.cfg.explorer.tasks_per_round, shards=self.cfg.explorer.shards)
 
     def train(self, round_no: int) -> dict[str, float]:
-        """Update the policy on the round's batch (see ``buffer.sampling``: explorer rows by FIFO or
-        replay, plus expert rows, mixed and ordered); then mark those explorer rows consumed."""
+        """Train's stage (``train.update.update``: the round's batch, the update, the rows consumed);
+        the policy's version + 1. A trainer alone first waits for the explorer process's round."""
         if not self.has_explorer:  # a trainer alone: the round's experiences come from the explorer process
             self.await_round(round_no)
-        batch = self.sampler.round_batch(self.policy_version, round_no)
-        lr = self.trainer.round_lr(round_no, self.cfg.rounds)
-        self.trainer.set_lr(lr)
-        metrics = {**self.trainer.train(batch.rows, batch.steps), **batch.metrics, "train/lr": lr}
-        batch.commit()
+        metrics = update(self.trainer, self.sampler, self.policy_version, round_no, self.cfg.rounds)
         self.policy_version += 1
         return metrics
 
@@ -670,15 +548,15 @@ class Campaign:
 
     def evaluate(self, tasks: Sequence[Task] | None = None, engine=None) -> dict[str, float]:
         """Greedy accuracy of the explorer's (latest synced) model on the held-out split (or of
-        ``engine`` on ``tasks``)."""
+        ``engine`` on ``tasks``): ``evaluation.greedy.held_out`` over each workflow's episodes."""
         tasks, engine = self.eval_tasks if tasks is None else tasks, engine or self.engine
-        if not self.parts:
-            return self.workflow.evaluate(engine, tasks, self.reward_fn, self.cfg.reward.function,
-                                          self.cfg.eval.max_new_tokens)
-        results = {name: (len(rows), self.workflows[name].evaluate(
-            engine, [tasks[i] for i in rows], self.reward_fn, self.cfg.reward.function,
-            self.cfg.eval.max_new_tokens)) for name, rows in by_part(tasks).items()}
-        return mixture_metrics(results)
+
+        def evaluate(part: str | None, some: list[Task]) -> dict[str, float]:  # a workflow's greedy episodes
+            workflow = self.workflow if part is None else self.workflows[part]
+            return workflow.evaluate(engine, some, self.reward_fn, self.cfg.reward.function,
+                                     self.cfg.eval.max_new_tokens)
+
+        return held_out(tasks, evaluate, mixture=bool(self.parts))
 
     # checkpoints -----------------------------------------------------------------------------
     def checkpoint(self, round_no: int, out: Path, **meta: Any) -> dict[str, Any]:

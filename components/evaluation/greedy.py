@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rftflow.components.data.images import images_argument
-from rftflow.components.data.tasksets import Task
+from rftflow.components.data.tasksets import Task, by_part
 from rftflow.components.evaluation.verdicts import RewardUnavailable, Score, is_correct
 
 
@@ -98,3 +98,13 @@ def mixture_metrics(results: dict[str, tuple[int, dict[str, float]]]) -> dict[st
             out[f"accuracy/{name}/{key.removeprefix('accuracy/')}"] = value
             out[key] = out.get(key, 0.0) + value * n / total
     return out
+
+
+def held_out(tasks: list[Task], evaluate, *, mixture: bool) -> dict[str, float]:
+    """The held-out evaluation of ``tasks``: ``evaluate(part, tasks) -> metrics`` (``part``: a
+    mixture part's name, None without a mixture) on all of them, or, in a ``mixture``, on each
+    part's tasks and combined by ``mixture_metrics``."""
+    if not mixture:
+        return evaluate(None, tasks)
+    return mixture_metrics({name: (len(rows), evaluate(name, [tasks[i] for i in rows]))
+                            for name, rows in by_part(tasks).items()})
