@@ -661,6 +661,13 @@ class ContractsConfig(_Section):
     max_prompt_tokens: int = Field(4096, gt=0, description="Longest valid prompt, in tokens.")
     max_response_tokens: int = Field(4096, gt=0, description="Longest valid response, in tokens.")
     max_text_chars: int = Field(100_000, gt=0, description="Longest valid text field (question, prompt, answer, …).")
+    max_image_bytes: int = Field(16 * 2**20, gt=0, description="Largest valid image, in encoded bytes (a task's or an "
+                                 "experience row's; larger ones are quarantined, and a taskset's image files are not "
+                                 "read past it).")
+    max_image_side: int = Field(4096, gt=0, description="Widest and tallest valid image, in pixels, as its header "
+                                "declares it (read before any pixel is decoded).")
+    max_image_pixels: int = Field(4096 * 4096, gt=0, description="Most pixels (width × height) of a valid image; "
+                                  "Pillow's own decompression-bomb limit (89,478,485) applies above it.")
 
 
 class PipelinesConfig(_Section):

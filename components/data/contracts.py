@@ -20,12 +20,15 @@ reason names each broken rule:
   has ``repeat_times`` distinct experiences; no experience id repeated (later copies are the bad
   ones); an episode's turns tile its response and its mask is 1 exactly on the model's turns
   (``turns_consistent``); its environment did not fail (``episode_completed``: the reason then
-  starts ``episode failed: …``, the environment's error). A row that breaks a rule is quarantined
-  alone: the rest of its group is kept.
+  starts ``episode failed: …``, the environment's error); its images (the ``images`` column) are
+  within their bounds, match their sha256 and decode (``images_valid``, named with each bad image's
+  hash prefix and what is wrong with it, ``data.image_checks``). A row that breaks a rule is
+  quarantined alone: the rest of its group is kept.
 - ``expert`` demonstrations and ``human`` feedback: the same, with source ``expert``/``human``,
   a non-empty response, log-probs optional and no group-size rule.
 - ``tasks``: the row parsed (valid UTF-8, JSON, an object); question, answer and prompt
-  non-null, non-empty strings within the length bound.
+  non-null, non-empty strings within the length bound; the images its metadata holds pass the
+  same image rules (``image_error`` null).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from functools import cache
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from rftflow.components.data.image_checks import ImageBounds, images_problem, task_images_problem
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 # GX logs an INFO line per ephemeral context ("Created temporary directory ... docs site").
@@ -61,13 +66,21 @@ class ContractBounds:
     max_prompt_tokens: int = 4096
     max_response_tokens: int = 4096
     max_text_chars: int = 100_000
+    max_image_bytes: int = ImageBounds.max_bytes
+    max_image_side: int = ImageBounds.max_side
+    max_image_pixels: int = ImageBounds.max_pixels
 
     @classmethod
     def of(cls, contracts, **extra) -> ContractBounds:
         """The bounds of a ``ContractsConfig`` (``extra``: group_size, max_model_version)."""
         return cls(reward_min=contracts.reward_min, reward_max=contracts.reward_max,
                    max_prompt_tokens=contracts.max_prompt_tokens, max_response_tokens=contracts.max_response_tokens,
-                   max_text_chars=contracts.max_text_chars, **extra)
+                   max_text_chars=contracts.max_text_chars, max_image_bytes=contracts.max_image_bytes,
+                   max_image_side=contracts.max_image_side, max_image_pixels=contracts.max_image_pixels, **extra)
+
+    @property
+    def images(self) -> ImageBounds:
+        return ImageBounds(self.max_image_bytes, self.max_image_side, self.max_image_pixels)
 
 
 @dataclass
@@ -208,6 +221,7 @@ def contract_suite(kind: str, bounds: ContractBounds):
     add = suite.add_expectation
     if kind == "tasks":
         add(E.ExpectColumnValuesToBeNull(column="parse_error"))
+        add(E.ExpectColumnValuesToBeNull(column="image_error"))
         for column in ("question", "answer", "prompt"):
             add(E.ExpectColumnValuesToNotBeNull(column=column))
             add(E.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1, max_value=bounds.max_text_chars))
@@ -244,7 +258,7 @@ def _flags(kind: str) -> tuple[str, ...]:
     of the frame's ``violations``."""
     flags = (*(f"{c}_present" for c in IDS), "source_matches", "round_valid", "reward_is_finite",
              "token_lengths_consistent", "tokens_complete", "token_values_valid", "experience_id_is_first",
-             "turns_consistent", "episode_completed")
+             "turns_consistent", "episode_completed", "images_valid")
     return (*flags, "has_logprobs") if kind == "explorer" else flags
 
 
@@ -277,10 +291,17 @@ def _not_binary(values: pa.Array) -> pa.Array:
     return pc.invert(pc.is_in(values, pa.array([0, 1], values.type)))
 
 
-def _experience_frame(table: pa.Table, kind: str):
+def image_problems(table: pa.Table, bounds: ImageBounds) -> list[str | None]:
+    """Per experience row: what is wrong with its images (``data.image_checks``), or None."""
+    if "images" not in table.column_names or table.column("images").null_count == table.num_rows:
+        return [None] * table.num_rows
+    return [images_problem(images, bounds) for images in table.column("images").to_pylist()]
+
+
+def _experience_frame(table: pa.Table, kind: str, images: list[str | None] | None = None):
     """The numbers the experience contract ``kind`` checks, one row per experience (see
     ``experience_bounds``): text lengths, token counts, the reward, and ``violations``, the bits
-    of the per-row rules (``_flags``) the row breaks."""
+    of the per-row rules (``_flags``) the row breaks (``images``: each row's image problem)."""
     import pandas as pd
 
     def length(column: str, null: int):  # text: without surrounding whitespace (" " is empty)
@@ -311,6 +332,7 @@ def _experience_frame(table: pa.Table, kind: str):
     columns["turns_consistent"] = _turns_consistent(table)
     columns["episode_completed"] = np.array([episode_error(i) is None for i in table.column("info").to_pylist()],
                                             dtype=bool)
+    columns["images_valid"] = np.array([problem is None for problem in images or [None] * table.num_rows], dtype=bool)
     group_ids, experience_ids = table.column("group_id").to_pylist(), table.column("experience_id").to_pylist()
     seen: set = set()
     first = [not (e in seen or seen.add(e)) for e in experience_ids]
@@ -358,7 +380,9 @@ def _turns_consistent(table: pa.Table) -> np.ndarray:
     return ok
 
 
-def _task_frame(table: pa.Table):
+def _task_frame(table: pa.Table, bounds: ImageBounds = ImageBounds()):
+    """The task contract's columns: ``parse_error``, the texts, and ``image_error`` (what is wrong
+    with the images of the row's metadata, ``data.image_checks``)."""
     import pandas as pd
 
     def text(column: str) -> list:  # without surrounding whitespace, so "   " counts as empty
@@ -366,7 +390,9 @@ def _task_frame(table: pa.Table):
         return (pc.utf8_trim_whitespace(values) if pa.types.is_string(values.type) else values).to_pylist()
 
     columns = {"parse_error": table.column("parse_error").to_pylist(),
-               **{c: text(c) for c in ("question", "answer", "prompt")}}
+               **{c: text(c) for c in ("question", "answer", "prompt")},
+               "image_error": ([task_images_problem(m, bounds) for m in table.column("metadata").to_pylist()]
+                               if "metadata" in table.column_names else [None] * table.num_rows)}
     return pd.DataFrame({c: pd.Series(values, dtype=object) for c, values in columns.items()})
 
 
@@ -397,7 +423,8 @@ def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds())
         raise ValueError(f"unknown contract {kind!r}; known: {', '.join(KINDS)}")
     if table.num_rows == 0:
         return Verdict(table, table.append_column("reason", pa.array([], pa.string())))
-    frame = _task_frame(table) if kind == "tasks" else _experience_frame(table, kind)
+    images = None if kind == "tasks" else image_problems(table, bounds.images)
+    frame = _task_frame(table, bounds.images) if kind == "tasks" else _experience_frame(table, kind, images)
     _batch_definition()  # the GX context first: a suite is made in it
     # a pass/fail run first (about half the cost); the row indices of failures only when some row fails
     if _validate(frame, contract_suite(kind, bounds), "BOOLEAN_ONLY").success:
@@ -420,8 +447,11 @@ def check(table: pa.Table, kind: str, bounds: ContractBounds = ContractBounds())
                           for name in _broken(kind, column, frame.at[index, column])]
                 if f"{expectation}(episode_completed)" in labels:  # the environment's failure comes first
                     labels.insert(0, f"episode failed: {episode_error(table.column('info')[index].as_py())}")
-            elif kwargs["column"] == "parse_error":
-                labels = [f"{expectation}(parse_error): {frame.at[index, 'parse_error']}"]
+                if f"{expectation}(images_valid)" in labels:  # which image, and what is wrong with it
+                    at = labels.index(f"{expectation}(images_valid)")
+                    labels[at] += f": {images[index]}"
+            elif kwargs["column"] in ("parse_error", "image_error"):
+                labels = [f"{expectation}({kwargs['column']}): {frame.at[index, kwargs['column']]}"]
             else:
                 labels = [f"{expectation}({kwargs['column']})"]
             reasons.setdefault(int(index), []).extend(labels)

@@ -82,7 +82,7 @@ def test_an_expectation_that_cannot_run_fails_the_check_instead_of_passing_rows(
     import rftflow.components.data.contracts as contracts
 
     real = contracts._experience_frame
-    monkeypatch.setattr(contracts, "_experience_frame", lambda table, kind: real(table, kind).drop(columns=["reward"]))
+    monkeypatch.setattr(contracts, "_experience_frame", lambda *args: real(*args).drop(columns=["reward"]))
     with pytest.raises(RuntimeError, match=r"explorer contract: expect_multicolumn_values_within_bounds\(\[.*\'reward\'.*\]\) did not run"):
         check(to_table([_row(0)]), "explorer")
 
