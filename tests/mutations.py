@@ -218,6 +218,24 @@ except (OSError, AttributeError):'''),
              ("tests/test_layers.py::test_every_import_of_every_module_follows_the_layering_table",),
              "components/data/builtin_tasks.py", "    rng = random.Random(seed)\n",
              "    from rftflow.components.explore.environments import calculator\n\n    rng = random.Random(seed)\n"),
+    # pictures: the contract's image rules and a taskset's picture files
+    Mutation("image-bomb-decoded", "a picture's pixels are decoded before its declared size is checked (a "
+             "decompression bomb is expanded)",
+             ("tests/components/data/test_image_contracts.py::test_a_bomb_is_refused_from_its_header_without_decoding_"
+              "a_pixel",), "components/data/image_checks.py", "                width, height = image.size\n",
+             "                image.load()\n                width, height = image.size\n"),
+    Mutation("image-hash-unchecked", "a picture whose bytes are not the ones its sha256 names passes",
+             ("tests/components/data/test_image_contracts.py::test_hostile_images_of_experience_rows_are_quarantined_"
+              "naming_the_image",), "components/data/image_checks.py", "    if actual != sha256:\n",
+             "    if False:\n"),
+    Mutation("image-rule-ignored", "an experience row's image problems never set its images_valid rule",
+             ("tests/components/data/test_image_contracts.py",), "components/data/contracts.py",
+             "np.array([problem is None for problem in images or [None] * table.num_rows], dtype=bool)",
+             "np.ones(table.num_rows, dtype=bool)"),
+    Mutation("task-images-from-cwd", "a taskset's picture paths are read from the current folder, not the taskset's",
+             ("tests/components/data/test_taskset_images.py::test_paths_bytes_data_urls_and_entries_make_the_same_"
+              "tasks",), "components/data/tasksets.py",
+             'images = {"base": Path() if source.startswith(HUB_PREFIX) else path.parent,', 'images = {"base": Path(),'),
 ]
 
 
