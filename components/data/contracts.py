@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rftflow.components.data.image_checks import ImageBounds, images_problem, task_images_problem
+from rftflow.components.data.image_checks import ImageBounds, column_problems, task_images_problem
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 # GX logs an INFO line per ephemeral context ("Created temporary directory ... docs site").
@@ -295,7 +295,7 @@ def image_problems(table: pa.Table, bounds: ImageBounds) -> list[str | None]:
     """Per experience row: what is wrong with its images (``data.image_checks``), or None."""
     if "images" not in table.column_names or table.column("images").null_count == table.num_rows:
         return [None] * table.num_rows
-    return [images_problem(images, bounds) for images in table.column("images").to_pylist()]
+    return column_problems(table.column("images"), bounds)
 
 
 def _experience_frame(table: pa.Table, kind: str, images: list[str | None] | None = None):

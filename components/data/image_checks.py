@@ -25,10 +25,9 @@ import io
 import json
 import re
 import warnings
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+import pyarrow as pa
 from PIL import Image
 
 PREFIX = 12  # hex digits of an image's sha256 that name it in a reason
@@ -41,34 +40,44 @@ class ImageBounds:
     max_pixels: int = 4096 * 4096  # width × height
 
 
-def image_problem(data: bytes | None, sha256: str | None, bounds: ImageBounds, position: int = 1,
-                  file: str | None = None) -> str | None:
+def image_problem(data: bytes | pa.Buffer | None, sha256: str | None, bounds: ImageBounds, position: int = 1,
+                  file: str | None = None, hashed: dict | None = None) -> str | None:
     """What is wrong with one image (``data``: its encoded bytes, ``sha256``: the hash it names;
-    ``file``: the file it was read from, named too), or None."""
+    ``file``: the file it was read from, named too), or None. ``hashed`` (sha256 → bytes found to
+    have it) spares hashing again bytes equal to ones already hashed (a group's rows share a picture)."""
     name = f"image {sha256[:PREFIX]}" if isinstance(sha256, str) and sha256 else f"image #{position}"
     name += f" ({file})" if file else ""
-    if not data:
+    if data is None or len(data) == 0:
         return f"{name}: no bytes"
     if len(data) > bounds.max_bytes:
         return f"{name}: {len(data)} bytes, above contracts.max_image_bytes={bounds.max_bytes}"
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != sha256:
-        return f"{name}: its bytes have sha256 {actual[:PREFIX]}, not the one it names"
-    problem = _pixels_problem(actual, data, bounds.max_side, bounds.max_pixels)
+    if hashed is None or sha256 not in hashed or hashed[sha256] != data:
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha256:
+            return f"{name}: its bytes have sha256 {actual[:PREFIX]}, not the one it names"
+        if hashed is not None:
+            hashed[sha256] = data
+    problem = _pixels_problem(sha256, data, bounds.max_side, bounds.max_pixels)
     return f"{name}: {problem}" if problem else None
 
 
-def images_problem(images: Sequence[Mapping[str, Any] | None] | None, bounds: ImageBounds) -> str | None:
-    """The problems of a row's images (``{"sha256", "data"}`` each), joined with ", "; None when all are good."""
-    problems = []
-    for position, image in enumerate(images or (), start=1):
-        if image is None:
-            problems.append(f"image #{position}: null")
-            continue
-        problem = image_problem(image.get("data"), image.get("sha256"), bounds, position)
-        if problem:
-            problems.append(problem)
-    return ", ".join(problems) or None
+def column_problems(column: pa.ChunkedArray, bounds: ImageBounds) -> list[str | None]:
+    """Per row of an experience table's ``images`` column (a list of ``{"sha256", "data"}`` structs):
+    its images' problems joined with ", ", or None. The bytes are read in place (Arrow buffers), and
+    bytes equal to ones already hashed are not hashed again."""
+    hashed: dict[str, pa.Buffer] = {}
+    out = []
+    for row in column.combine_chunks():
+        problems = []
+        for position, image in enumerate(row.values if row.is_valid else (), start=1):
+            if not image.is_valid:
+                problems.append(f"image #{position}: null")
+                continue
+            problem = image_problem(image["data"].as_buffer(), image["sha256"].as_py(), bounds, position, None, hashed)
+            if problem:
+                problems.append(problem)
+        out.append(", ".join(problems) or None)
+    return out
 
 
 _CHECKED: dict[tuple[str, int, int], str | None] = {}  # (sha256, max_side, max_pixels) → problem

@@ -67,7 +67,8 @@ def test_hostile_images_of_experience_rows_are_quarantined_naming_the_image():
     rows = [_row(0, [_ref(GOOD)]), _row(1, [_ref(TRUNCATED)]), _row(2, [_ref(b"GIF89a, or so it says")]),
             _row(3, [_ref(_bomb())]), _row(4, [_ref(HUGE)]), _row(5, [_ref(GOOD, sha256="ab" * 32)]),
             _row(6, [_ref(_png((300, 10)))]), _row(7, None), _row(8, [_ref(GOOD), None]), _row(9, [_ref(b"")]),
-            _row(10, [_ref(GOOD), _ref(TRUNCATED)])]
+            _row(10, [_ref(GOOD), _ref(TRUNCATED)]),
+            _row(11, [_ref(TRUNCATED, sha256=sha(GOOD).hexdigest())])]  # another's hash, after a row that had it
     bounds = ContractBounds(max_image_side=256)
     verdict = check(to_table(rows), "explorer", bounds)
     assert verdict.counts["rows"] == len(rows) == verdict.counts["accepted"] + verdict.counts["quarantined"]
@@ -92,6 +93,8 @@ def test_hostile_images_of_experience_rows_are_quarantined_naming_the_image():
     assert reasons["e8"] == rule + "image #2: null"
     assert reasons["e9"] == rule + name(b"") + "no bytes"
     assert reasons["e10"] == reasons["e1"]  # the good image of the row is not named, the bad one is
+    assert reasons["e11"] == rule + f"image {sha(GOOD).hexdigest()[:12]}: its bytes have sha256 " \
+                                    f"{sha(TRUNCATED).hexdigest()[:12]}, not the one it names"
 
 
 def test_the_bounds_come_from_the_config_and_each_is_enforced():
