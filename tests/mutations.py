@@ -228,6 +228,11 @@ except (OSError, AttributeError):'''),
              ("tests/components/data/test_image_contracts.py::test_hostile_images_of_experience_rows_are_quarantined_"
               "naming_the_image",), "components/data/image_checks.py", "    if actual != sha256:\n",
              "    if False:\n"),
+    Mutation("image-hash-trusted-by-name", "a picture claiming a hash already checked on another row is not hashed",
+             ("tests/components/data/test_image_contracts.py::test_hostile_images_of_experience_rows_are_quarantined_"
+              "naming_the_image",), "components/data/image_checks.py",
+             "    if hashed is None or sha256 not in hashed or hashed[sha256] != data:\n",
+             "    if hashed is None or sha256 not in hashed:\n"),
     Mutation("image-rule-ignored", "an experience row's image problems never set its images_valid rule",
              ("tests/components/data/test_image_contracts.py",), "components/data/contracts.py",
              "np.array([problem is None for problem in images or [None] * table.num_rows], dtype=bool)",
