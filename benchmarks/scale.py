@@ -51,7 +51,7 @@ ORDER = {False: (1, 2, 2, 1), True: (1, 2)}  # the counts run, in order: ABBA; a
 def server_pool(args, work: Path) -> list[tuple[str, int, float]]:
     """Responses per second of the ``openai`` engine over 1 and over 2 servers: after two warm-up
     calls each, the timed calls alternate between the two (``--repeats`` each), so both meet the
-    same machine; the median call of each."""
+    same machine; the median call of each. A smoke run boots one server (the pool of 1)."""
     from rftflow.components.explore.engines import OpenAIRolloutEngine
     from rftflow.components.explore.models import load_model, model_directory
     from rftflow.infra.vllm_server import vllm_servers
@@ -59,10 +59,10 @@ def server_pool(args, work: Path) -> list[tuple[str, int, float]]:
     model_dir = model_directory(args.model)  # a GGUF (SmolLM2): the servers read its de-quantized directory
     _, tokenizer = load_model(args.model)
     prompts = [f"{a} + {b} =" for a, b in zip(range(args.prompts), range(7, 7 + args.prompts))]
-    rates: dict[int, list[float]] = {1: [], 2: []}
-    with vllm_servers(model_dir, 2, threads=1, served_model="m", log_dir=work, eager=args.smoke) as servers:
-        engines = {1: OpenAIRolloutEngine([servers[0].url], "m", tokenizer),
-                   2: OpenAIRolloutEngine([s.url for s in servers], "m", tokenizer)}
+    counts = (1,) if args.smoke else (1, 2)
+    rates: dict[int, list[float]] = {count: [] for count in counts}
+    with vllm_servers(model_dir, max(counts), threads=1, served_model="m", log_dir=work, eager=args.smoke) as servers:
+        engines = {count: OpenAIRolloutEngine([s.url for s in servers[:count]], "m", tokenizer) for count in counts}
         for _ in range(1 if args.smoke else 2):
             for engine in engines.values():
                 engine.generate(prompts, n=args.n, max_new_tokens=args.tokens)
@@ -73,7 +73,7 @@ def server_pool(args, work: Path) -> list[tuple[str, int, float]]:
                 rates[count].append(args.prompts * args.n / (time.perf_counter() - start))
                 assert sum(len(g) for g in groups) == args.prompts * args.n
     medians = {count: statistics.median(r) for count, r in rates.items()}
-    print(f"server pool: 1 server {medians[1]:.1f} samples/s, 2 servers {medians[2]:.1f} samples/s", flush=True)
+    print("server pool: " + ", ".join(f"{c} server(s) {m:.1f} samples/s" for c, m in medians.items()), flush=True)
     return [("vLLM servers", count, rate) for count, rate in medians.items()]
 
 
@@ -249,7 +249,7 @@ def main() -> None:
     parser.add_argument("--train-rounds", type=int, default=3, help="trainer: timed rounds")
     parser.add_argument("--fsdp", action="store_true", help="trainer: and 2 processes that shard the model")
     parser.add_argument("--smoke", action="store_true", help="the smallest run that prints every table (tests): "
-                        "each count once, eager servers, 2 rounds of 4 tasks, one timed call and round")
+                        "each count once (one eager server), 2 rounds of 4 tasks, one timed call and round")
     parser.add_argument("--train-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
