@@ -82,7 +82,8 @@ def _read_file(name: str, base: Path, max_bytes: int) -> bytes:
     (a device, a folder) and a file above ``max_bytes`` before reading it."""
     path = Path(name) if Path(name).is_absolute() else base / name
     if not path.is_file():
-        raise ValueError(f"image file {name!r} not found (looked for {path.absolute()})")
+        what = "is not a regular file" if path.exists() else "not found"
+        raise ValueError(f"image file {name!r} {what} (looked for {path.absolute()})")
     size = path.stat().st_size
     if size > max_bytes:
         raise ValueError(f"image file {name!r}: {size} bytes, above contracts.max_image_bytes={max_bytes}")

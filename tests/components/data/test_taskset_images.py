@@ -116,8 +116,8 @@ def test_bad_pictures_and_paths_are_named_by_file_and_row(pictures):
     expected = [
         parse + f"image file 'pictures/none.png' not found (looked for {pictures / 'pictures' / 'none.png'})",
         parse + "image 'https://example.com/cat.png': URLs are not downloaded; save the picture and give its path",
-        parse + f"image file 'pictures' not found (looked for {pictures / 'pictures'})",
-        parse + "image file '/dev/zero' not found (looked for /dev/zero)",
+        parse + f"image file 'pictures' is not a regular file (looked for {pictures / 'pictures'})",
+        parse + "image file '/dev/zero' is not a regular file (looked for /dev/zero)",
         parse + "image 'data:image/png,raw'…: a data: URL must be `data:image/<type>;base64,<data>`",
         parse + "image data:image/png;base64: not base64",
         parse + "image: expected a path, a data: URL, bytes or a list of them, got int",
