@@ -168,6 +168,7 @@ def run(
     # (a stop at its next safe point), a second one while it stops, and any during its shutdown
     at_once = _StopAtOnce("the campaign", "; resume with the same command (from its newest checkpoint)").install()
     _report_to_up()
+    from rftflow.components.config import Mode
     from rftflow.flows.prefect_api import booting_prefect_api
 
     loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
@@ -199,7 +200,7 @@ def run(
                                  show_progress=progress, return_state=True)
     _exit_on(state)
     summary = state.result()
-    if cfg.mode == "bench":  # (a summary of mode bench)
+    if cfg.mode == Mode.BENCH:
         table = Table("model", "taskset", "tasks", "accuracy", title=f"bench {cfg.name}")
         for row in summary["results"]:
             table.add_row(row["model"], row["taskset"], str(row["tasks"]), f"{row['accuracy']:.3f}")
