@@ -7,7 +7,7 @@ Runs the real flow (``rft_campaign`` on the embedded Prefect API, MLflow on SQLi
   ``Trainer.train`` (forward, backward, optimizer steps);
 - each stage's ``Campaign`` method: what is not compute in it is the stage's own data work (Parquet
   in the store, contracts, Arrow tables, checkpoints);
-- each step's ``CampaignRun`` method: what it adds is tracking (MLflow metrics and artifacts, the
+- each step's ``CampaignRun.do``: what it adds is tracking (MLflow metrics and artifacts, the
   state file);
 - the rounds' span: what no step covers is Prefect (task runs, their states and logs).
 
@@ -106,21 +106,21 @@ class Timers:
                 return timed
             wrap(Campaign, step, around)
 
-        def stepped(fn, name):
-            def timed(run, round_no):
-                if round_no < FIRST_ROUND:
-                    return fn(run, round_no)
+        def stepped(fn):
+            def timed(run, planned):
+                name, round_no = planned.step.value, planned.round
+                if name not in STEPS_IN_ROUNDS or round_no < FIRST_ROUND:
+                    return fn(run, planned)
                 self.step, start = name, time.perf_counter()
                 try:
                     with self.part("step"):
-                        return fn(run, round_no)
+                        return fn(run, planned)
                 finally:
                     self.intervals.append((start, time.perf_counter()))
                     self.count[name] += 1
                     self.step = None
             return timed
-        for name in STEPS_IN_ROUNDS:  # each step's CampaignRun method: the stage and its tracking
-            wrap(CampaignRun, name, lambda fn, name=name: stepped(fn, name))
+        wrap(CampaignRun, "do", stepped)  # every step goes through it: the stage and its tracking
 
 
 def measure(setting: str, args: argparse.Namespace) -> None:
