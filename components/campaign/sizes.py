@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rftflow.components.config import CampaignConfig, Mode, ModelConfig
+from rftflow.components.config import CampaignConfig, ModelConfig
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -153,11 +153,11 @@ def check_sizes(cfg: CampaignConfig, samples: Mapping[str | None, list] | None =
                          f"{max(0, shape.positions - p)} new tokens fit")
     b, seq = DTYPE_BYTES[cfg.model.dtype], p + new
     needs = []  # (bytes, what, key)
-    if ex.engine == "hf" and cfg.mode not in (Mode.TRAIN, Mode.BENCH):
+    if ex.engine == "hf" and cfg.mode.explores:
         rows = min(max(1, ex.batch_size // ex.repeat_times), ex.tasks_per_round) * ex.repeat_times
         needs.append((shape.kv_bytes(rows, seq, b) + shape.logits_bytes(rows, 1, b),
                       f"a decode batch of {rows} rows", "explorer.batch_size"))
-    if cfg.mode not in (Mode.EXPLORE, Mode.BENCH):
+    if cfg.mode.trains:
         rows = math.ceil(cfg.trainer.micro_batch_size / cfg.trainer.processes)
         needs.append((shape.kv_bytes(rows, seq, b) + shape.logits_bytes(rows, seq, b),
                       f"a micro-batch of {rows} rows", "trainer.micro_batch_size"))

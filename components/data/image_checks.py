@@ -118,7 +118,6 @@ def _decode_problem(data: bytes, max_side: int, max_pixels: int) -> str | None:
     return None
 
 
-
 def task_images_problem(metadata: str | None, bounds: ImageBounds) -> str | None:
     """The problems of the images a task's metadata (JSON text) holds under ``images``: a list of
     ``{"sha256", "data"}`` with ``data`` in base64 (``data.images``); None when all are good or it has none."""

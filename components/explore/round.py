@@ -58,15 +58,9 @@ class ExploreRound:
         tables, batches, in_env = [], 0, 0.0
         rates = self.pass_rates() if ex.task_selector == "curriculum" else None
         while True:
-            tasks = self.select(round_no, batches, rates)
-            slot = batches * ex.tasks_per_round
-            for workflow, some in self.by_workflow(tasks):
-                tables.append(workflow.explore(
-                    self.engine, some, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
-                    temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=version,
-                    first_slot=slot))
-                slot, in_env = slot + len(some), in_env + workflow.env_wall_seconds
-            batches += 1
+            batch_tables, batch_env = self._generate(self.select(round_no, batches, rates), round_no, version,
+                                                     batches * ex.tasks_per_round)
+            tables, in_env, batches = tables + batch_tables, in_env + batch_env, batches + 1
             if not self.dynamic_sampling or batches == ex.max_explore_batches:
                 break
             if informative_groups(self.score(pa.concat_tables(tables))) >= ex.tasks_per_round:
@@ -130,16 +124,22 @@ class ExploreRound:
         ex = self.cfg.explorer
         torch.manual_seed(self.cfg.seed * 1_000_003 + round_no + 7_919 * shard)
         part = shard_slice(len(tasks), ex.shards, shard)
-        tables, slot = [], part.start
-        for workflow, some in self.by_workflow(tasks[part.start:part.stop]):
+        table = pa.concat_tables(self._generate(tasks[part.start:part.stop], round_no, version, part.start)[0])
+        self.store.write_staging(round_no, "rollouts", table, part=shard)
+        return table
+
+    def _generate(self, tasks: list[Task], round_no: int, version: int,
+                  first_slot: int) -> tuple[list[pa.Table], float]:
+        """``tasks`` explored by their workflows with weights of ``version``, the groups numbered from
+        slot ``first_slot`` in order; the workflows' tables and their seconds in environments."""
+        ex, tables, slot, in_env = self.cfg.explorer, [], first_slot, 0.0
+        for workflow, some in self.by_workflow(tasks):
             tables.append(workflow.explore(
                 self.engine, some, campaign=self.cfg.name, round_no=round_no, repeat_times=ex.repeat_times,
                 temperature=ex.temperature, max_new_tokens=ex.max_new_tokens, model_version=version,
                 first_slot=slot))
-            slot += len(some)
-        table = pa.concat_tables(tables)
-        self.store.write_staging(round_no, "rollouts", table, part=shard)
-        return table
+            slot, in_env = slot + len(some), in_env + workflow.env_wall_seconds
+        return tables, in_env
 
     def select(self, round_no: int, batch: int, rates: PassRates | None) -> list[Task]:
         """The round's tasks (refill ``batch``): ``explorer.tasks_per_round`` by the task selector; in a
