@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from rftflow.components.data.contracts import ContractError
 from rftflow.components.campaign.preflight import Preflight, campaign_label, preflight
 from rftflow.components.campaign.run import CampaignRun, NoUsableCheckpoint, move_aside
 from rftflow.components.campaign.schedule import Planned, Step
+from rftflow.components.campaign.state import FinishedMeanwhile
 from rftflow.flows.monitor import UIMonitor
 from rftflow.flows.orchestration import Rounds, TaskRunPlan, orchestration_of
 from rftflow.flows.progress import CampaignProgress
@@ -105,6 +107,9 @@ def _flow_run_name() -> str:
     return f"{dated}-{campaign_label(name, run_dir).rsplit('-', 1)[1]}"
 
 
+NOTHING_TO_DO = "nothing to do; --restart runs it again"
+
+
 def summary_line(checked: Preflight) -> str:
     """One line on a finished campaign found in the run dir."""
     state = checked.previous
@@ -113,7 +118,14 @@ def summary_line(checked: Preflight) -> str:
     return (f"campaign {state.campaign} in {checked.run_dir} finished at {ended} ({checked.cfg.rounds} rounds"
             + (f", held-out accuracy {accuracy:.3f}" if accuracy is not None else "")
             + (f", model {checked.cfg.tracking.registered_model} v{state.model_version}" if state.model_version else "")
-            + "): nothing to do; --restart runs it again")
+            + f"): {NOTHING_TO_DO}")
+
+
+def _nothing_to_do(checked: Preflight) -> State:
+    """Completed with ``summary_line`` as its message and the summary written at the end as its data."""
+    summary_file = checked.run_dir / "summary.json"
+    return Completed(message=summary_line(checked),
+                     data=json.loads(summary_file.read_text()) if summary_file.is_file() else None)
 
 
 # What a second SIGINT or SIGTERM does while the campaign stops: a command sets it (``rftflow run``:
@@ -330,9 +342,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
         state = stages.bench(checked, return_state=True)
         return state.result() if state.is_completed() else Failed(message=state.message)
     if checked.finished:
-        summary_file = checked.run_dir / "summary.json"
-        return Completed(message=summary_line(checked),
-                         data=json.loads(summary_file.read_text()) if summary_file.is_file() else None)
+        return _nothing_to_do(checked)
     if restart:
         move_aside(checked)
     stop = StopFlag()
@@ -343,6 +353,8 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
             run = CampaignRun(checked, flow_run_id=flow_run_id, flow_run_url=_flow_run_url(), stop=stop)
         except (ConfigError, NoUsableCheckpoint, StoreUnavailable) as e:
             return Failed(message=str(e), data=e)
+        except FinishedMeanwhile as e:  # another start finished it while this one loaded
+            return _nothing_to_do(replace(checked, previous=e.state))
         _mark_crashed(run)
         monitor = UIMonitor(run, flow_run_id)
         try:

@@ -199,6 +199,9 @@ def run(
             state = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,
                                  show_progress=progress, return_state=True)
     _exit_on(state)
+    if (state.message or "").endswith(campaign.NOTHING_TO_DO):  # another start finished it meanwhile
+        Console().print(state.message, highlight=False, soft_wrap=True)
+        return
     summary = state.result()
     if cfg.mode == Mode.BENCH:
         table = Table("model", "taskset", "tasks", "accuracy", title=f"bench {cfg.name}")

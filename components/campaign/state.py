@@ -52,6 +52,15 @@ class AlreadyRunning(ConfigError):
     """Another live attempt holds the campaign: refused before any work (exit 2)."""
 
 
+class FinishedMeanwhile(Exception):
+    """The campaign finished in another process between this one's preflight and its claim (two
+    starts at once): nothing to do, as for a start on a finished campaign."""
+
+    def __init__(self, state: CampaignState):
+        super().__init__(f"campaign {state.campaign!r} finished in another process")
+        self.state = state
+
+
 def running_line(state: CampaignState) -> str:
     """Why a start is refused while ``state``'s last attempt is alive, in one line."""
     last = state.attempt
@@ -195,9 +204,12 @@ def claim(states: StateStore, campaign: str, config: dict[str, Any], flow_run_id
     """Start an attempt: the newest state (a new one for a campaign that never ran) with this
     process's attempt appended, written as the next generation. Refused (``AlreadyRunning``, nothing
     written) while another attempt is alive, or when a rival's write took that generation first: of
-    several processes started at once, one holds the campaign. Returns (state, attempts found
-    unfinished: their processes were killed)."""
+    several processes started at once, one holds the campaign; ``FinishedMeanwhile`` when a rival
+    finished it since the preflight read it. Returns (state, attempts found unfinished: their
+    processes were killed)."""
     state = states.read() or CampaignState(campaign=campaign, fingerprint=fingerprint(config), config=config)
+    if state.status == "finished":  # a restart moved a finished one aside before this
+        raise FinishedMeanwhile(state)
     if state.alive_elsewhere():
         raise AlreadyRunning(running_line(state))
     killed = [a for a in state.attempts if a.outcome is None]  # they never recorded an end

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from rftflow.components.campaign.state import (
-    Attempt, CampaignState, StateConflict, StateStore, config_changes, fingerprint, now,
+    Attempt, CampaignState, FinishedMeanwhile, StateConflict, StateStore, claim, config_changes, fingerprint, now,
 )
 from rftflow.components.buffer.store import open_store
 
@@ -36,6 +36,19 @@ def test_two_writers_of_one_campaign_cannot_both_win_a_generation(tmp_path):
     first.write(_state())
     with pytest.raises(StateConflict, match="another process wrote its state"):
         second.write(_state(seed=1))
+
+
+def test_a_claim_on_a_campaign_finished_since_its_preflight_adds_no_attempt(tmp_path):
+    """Two starts at once: both preflights saw it unfinished, and the first finished it before the
+    second (still loading) claimed it; that one has nothing to do."""
+    store = open_store((tmp_path / "store").as_uri())
+    state, _ = claim(StateStore(store, "c"), "c", {"name": "c"}, None)
+    state.status, state.attempt.outcome, state.attempt.ended_at = "finished", "finished", now()
+    StateStore(store, "c").write(state)
+    late = StateStore(store, "c")
+    with pytest.raises(FinishedMeanwhile, match="finished in another process"):
+        claim(late, "c", {"name": "c"}, None)
+    assert len(StateStore(store, "c").read().attempts) == 1
 
 
 def test_old_generations_are_pruned(tmp_path):
