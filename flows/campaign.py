@@ -31,13 +31,13 @@ from prefect.states import Cancelled, Completed, Failed, State
 
 from rftflow.components.buffer.shards import ShardError
 from rftflow.components.buffer.store import StoreUnavailable
-from rftflow.components.campaign.stages import StopFlag, StopRequested
 from rftflow.components.config import ConfigError, Mode
 from rftflow.components.data.contracts import ContractError
 from rftflow.components.campaign.preflight import Preflight, campaign_label, preflight
 from rftflow.components.campaign.run import CampaignRun, NoUsableCheckpoint, move_aside
 from rftflow.components.campaign.schedule import Planned, Step
 from rftflow.components.campaign.state import FinishedMeanwhile
+from rftflow.components.stopping import StopFlag, StopRequested
 from rftflow.flows.monitor import UIMonitor
 from rftflow.flows.orchestration import Rounds, TaskRunPlan, orchestration_of
 from rftflow.flows.progress import CampaignProgress
@@ -262,7 +262,7 @@ def _stop_if_asked(run: CampaignRun, last: Planned | Rounds | None) -> None:
 
 def _stopped_line(run: CampaignRun, error: StopRequested) -> str:
     """The one line of a stopped campaign: where it stopped and where the same command resumes."""
-    warm = run.campaign.warm_step
+    warm = run.campaign.warm.step if run.campaign.warm else None
     resume = (f"the checkpoint of round {run.state.checkpoint_round}" if run.state.checkpoint_round is not None
               and run.campaign.has_trainer else "its newest round" if not run.campaign.has_trainer
               else f"step {warm} of the warm start" if warm is not None else "the start")

@@ -18,7 +18,7 @@ from prefect.states import Cancelled, Failed, State
 
 from rftflow.components.buffer.shards import ShardError
 from rftflow.components.buffer.store import StoreUnavailable
-from rftflow.components.campaign.stages import StopRequested
+from rftflow.components.stopping import StopRequested
 from rftflow.components.data.contracts import ContractError
 from rftflow.components.data.tasksets import TasksetError
 from rftflow.components.verify.scores import RewardUnavailable

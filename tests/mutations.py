@@ -201,11 +201,11 @@ except (OSError, AttributeError):'''),
              "components/buffer/weights.py", "        aside = self.key(*CORRUPT_DIR, f\"v{version:06d}-{time.strftime(",
              "        aside = prefix or self.key(*CORRUPT_DIR, f\"v{version:06d}-{time.strftime("),
     Mutation("warm-start-from-zero", "a campaign stopped or killed in its warm start does it again from its first "
-             "step", ("tests/components/campaign/test_warm_checkpoints.py",), "components/campaign/stages.py",
-             "            resumed = self.resume_warm_start()\n", "            resumed = None\n"),
+             "step", ("tests/components/campaign/test_warm_checkpoints.py",), "components/train/warm_start.py",
+             "        resumed = self.resume()\n", "        resumed = None\n"),
     Mutation("warm-start-steps-again", "a resumed warm start takes its steps again from the first on, over the "
              "restored weights (a longer warm start than an uninterrupted one)",
-             ("tests/components/campaign/test_warm_checkpoints.py",), "components/campaign/stages.py",
+             ("tests/components/campaign/test_warm_checkpoints.py",), "components/train/warm_start.py",
              "tc.warmup_lr, step_done, first=done)", "tc.warmup_lr, step_done, first=0)"),
     # the layering table of docs/architecture.md
     Mutation("layers-sideways", "explore's multi-turn workflow imports verify (a room of its own level)",

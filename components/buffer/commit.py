@@ -2,8 +2,10 @@
 experiences, rejected ones to quarantine, the same rows — and, with several explorer processes,
 each shard a process holds as its own part of the round, its lease then released.
 
-Explicit values in, counts out: the store, the round, the verified rows (verify's, with ``reason``);
-pass rates stay with the caller (``campaign.stages``), which knows whether this process keeps them.
+Explicit values in, counts out: the store, the round, the verified rows (verify's, with ``reason``).
+``buffer_round`` is the stage of a single explorer (pass rates kept in the store's state);
+``commit_shards`` commits one of several explorer processes' shards (each sees only its own rows:
+no pass rates), called by ``explore.round.ExploreRound``, which holds the leases.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rftflow.components.buffer.leases import Lease, ShardLeases, shard_of_groups
+from rftflow.components.buffer.selectors import PassRates, measured_rewards
 
 log = logging.getLogger("rftflow")
 
@@ -31,6 +34,20 @@ def commit_round(store, round_no: int, verified: pa.Table, *, keep: bool) -> int
     store.write_usual(round_no, accepted, keep=keep)
     store.write_quarantine(round_no, rejected)
     return accepted.num_rows
+
+
+def buffer_round(store, round_no: int, verified: pa.Table, *, trains: bool) -> dict[str, float]:
+    """Buffer's stage with one explorer: ``verified`` committed (``commit_round``; ``trains``: this
+    process's trainer keeps the usual rows in memory), the round's measured rewards added to the
+    pass rates (``state/pass_rates.json``); an explorer process flushes, so the trainer process can
+    take the round at once. Its metrics."""
+    accepted = commit_round(store, round_no, verified, keep=trains)
+    rates = PassRates(store.read_state("pass_rates"))
+    if rates.add_round(round_no, measured_rewards(verified)):
+        store.write_state("pass_rates", rates.to_state())
+    if not trains:  # an explorer process: the round is the trainer process's to take now
+        store.flush()
+    return {"buffer/usual_rows": accepted, "tasks/mean_pass_rate": rates.mean()}
 
 
 def commit_shards(store, leases: ShardLeases, held: list[Lease], round_no: int, verified: pa.Table | None,

@@ -33,11 +33,12 @@ from rftflow.components.buffer.layout import open_run_store, shard_order
 from rftflow.components.buffer.weights import CorruptCheckpoint
 from rftflow.components.campaign.state import StateStore, claim, now, state_role
 from rftflow.components.campaign.schedule import Phase, Planned, phases, round_stages
-from rftflow.components.campaign.stages import Campaign, StopFlag
+from rftflow.components.campaign.stages import Campaign
 from rftflow.components.campaign.steps import StepKey, spec_of
 from rftflow.components.data.report import validation_report
 from rftflow.components.campaign.preflight import Preflight, run_name
 from rftflow.components.explore.engines import weights_digest
+from rftflow.components.stopping import StopFlag
 from rftflow.components.explore.models import load_model
 from rftflow.components.train import adapters
 from rftflow.components.train.checkpoints import OPTIMIZER_FILES
@@ -339,7 +340,8 @@ class CampaignRun:
         With the store down, the ingested files' reports (kept there) are left out."""
         path = self.run_dir / "validation" / "validation.md"
         path.parent.mkdir(exist_ok=True)
-        path.write_text(validation_report(self.campaign.validation_entries(ingested=store_reachable), self.cfg.name))
+        path.write_text(validation_report(self.campaign.validation.with_ingested(
+            self.campaign.store.ingest_reports() if store_reachable else []), self.cfg.name))
         return path, self.tracker.log_artifacts(path.parent, "validation")
 
     def finish(self, **extra: Any) -> dict[str, Any]:

@@ -68,6 +68,16 @@ def sync_due(cfg: CampaignConfig, round_no: int) -> bool:
     return round_no % cfg.sync.interval == 0 or eval_due(cfg, round_no) or checkpoint_due(cfg, round_no)
 
 
+def needed_version(cfg: CampaignConfig, round_no: int) -> int:
+    """The oldest weights the explorer may explore ``round_no`` with, when it runs ``sync.offset``
+    rounds ahead: those the trainer published after round p = ⌊(round − 1 − offset) / interval⌋ ·
+    interval (the start weights while p ≤ 0: version 1 after a warm start, else 0). Rows of the round
+    are then at most offset + interval − 1 versions behind the trainer that trains on them."""
+    sync = cfg.sync
+    published = (round_no - 1 - sync.offset) // sync.interval * sync.interval
+    return (1 if cfg.trainer.warmup_steps else 0) + max(0, published)
+
+
 def phases(cfg: CampaignConfig, *, first_round: int, fresh: bool) -> Iterator[Phase]:
     """What is left of the campaign, as phases (see ``Phase``), from round ``first_round`` on;
     ``fresh``: it has not started (prepare and the warm start come first).

@@ -29,7 +29,8 @@ import hashlib
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from rftflow.components.data.images import pixel_inputs, suppressed_ids
 from rftflow.components.data.prompts import encode_image_prompt, encode_prompt
-from rftflow.components.explore.decode import decode_steps, prefill
+from rftflow.components.explore.decode import decode_steps, forget_fused, prefill
 from rftflow.components.explore.server_pool import Replica, ServerPool
 
 
@@ -520,3 +521,17 @@ def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizer
     processor = load_processor(model_config.path, allow_download=model_config.allow_download)
     return HFRolloutEngine(model, tokenizer, batch_size=explorer.batch_size, chat_template=chat_template,
                            processor=processor)
+
+
+@contextmanager
+def decoding(model: PreTrainedModel, explorer, tokenizer: PreTrainedTokenizerBase, model_config) -> Iterator:
+    """An ``hf`` engine over ``model`` (a trainer's own weights, no sync), decoding as the explorer's
+    ``hf`` engine does; afterwards the model's fused decode weights (a copy of it) are dropped and its
+    train mode is as it was."""
+    training = model.training
+    engine = make_engine(explorer.model_copy(update={"engine": "hf"}), model, tokenizer, model_config)
+    try:
+        yield engine
+    finally:
+        forget_fused(model)
+        model.train(training)

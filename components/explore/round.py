@@ -1,13 +1,15 @@
 """``ExploreRound``: explore's stage of a round — which tasks (the task selector, a mixture's quotas),
 each task's workflow, the groups of responses staged in the store (``staging/round=N/rollouts``),
 dynamic sampling (DAPO: more task batches while too few groups are informative) and, with several
-explorer processes (``explorer.shards`` > 1), shard leases and the take-over of dead explorers'
-shards.
+explorer processes (``explorer.shards`` > 1), shard leases, the commit of the shards this process
+holds and the take-over of dead explorers' shards. An explorer alone waits here for the weights a
+round needs. The expert demonstrations of ``prepare`` come from the same workflows (``expert_rows``).
 
 Its dependencies come in explicitly (``campaign.stages`` wires them): the store, the engine, the
 workflows, the train tasks and pass rates (as callables: they are read lazily), the scorer that
 dynamic sampling needs (verify's, passed in: explore does not import verify) and ``settle``, which
-verifies and commits a shard taken over.
+verifies and commits a shard taken over. Waits take ``wait(ready, what, most=...)``
+(``stopping.wait_until`` with the campaign's stop flag and timeout).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from rftflow.components.buffer.commit import commit_shards
 from rftflow.components.buffer.leases import Lease, ShardLeases, shard_slice
 from rftflow.components.buffer.selectors import PassRates, mixture_quotas, select_tasks
 from rftflow.components.config import CampaignConfig
@@ -73,6 +76,17 @@ class ExploreRound:
                 "rollout/response_len": pc.mean(lengths).as_py() or 0.0, **table_episode_metrics(table),
                 **({"time/environment_s": in_env} if self.cfg.workflows() != {"single_turn"} else {})}
 
+    def await_weights(self, weights, needed: int, round_no: int, wait: Callable[..., None]) -> None:
+        """An explorer alone: wait until ``weights`` (an ``explore.sync.StoreWeightSync``) pulls
+        version ``needed``; meanwhile take over earlier shards whose explorer died (the trainer waits
+        for them)."""
+        def arrived() -> bool:
+            if self.leases is not None:
+                self.take_over(round_no - 1, weights.version)
+            return weights.pull() >= needed
+
+        wait(arrived, f"weights of version >= {needed} (the trainer's)")
+
     def staged(self, round_no: int) -> pa.Table | None:
         """The rollouts this process staged in ``round_no`` (with several explorer processes, of the
         shards it holds; None when the others hold every shard)."""
@@ -98,6 +112,30 @@ class ExploreRound:
                 rows += self._explore_shard(round_no, shard, tasks, version).num_rows
                 held.append(lease)
         return {"explore/rows": rows, "explore/shards": len(held), "explore/shards_taken_over": taken}
+
+    def buffer_shards(self, round_no: int, verified: pa.Table | None, version: int, *, last: bool,
+                      wait: Callable[..., None]) -> dict[str, float]:
+        """Buffer's stage for one of several explorer processes: the shards it holds committed
+        (``commit_held``). The round's other shards are not waited for (the next round's free shards
+        go to whichever explorer is free first), except after the ``last`` round: then every round's
+        shards are waited for, and any whose explorer died is redone here (``explorer.lease_seconds``).
+        Pass rates are not kept (each process sees only its shards)."""
+        accepted, taken = self.commit_held(round_no, verified), 0
+        if last:
+            def all_committed() -> bool:
+                nonlocal taken
+                taken += self.take_over(round_no, version)
+                return self.first_open > round_no
+
+            # looked at often: the other shards end about when this one did
+            wait(all_committed, "the other explorer processes' last shards", most=0.05)
+        return {"buffer/usual_rows": accepted, "buffer/shards_taken_over": taken}
+
+    def commit_held(self, round_no: int, verified: pa.Table | None) -> int:
+        """The shards this process holds in ``round_no`` committed (``buffer.commit.commit_shards``)
+        with their ``verified`` rows; the rows accepted."""
+        return commit_shards(self.store, self.leases, self.held.pop(round_no, []), round_no, verified,
+                             tasks_per_round=self.cfg.explorer.tasks_per_round, shards=self.cfg.explorer.shards)
 
     def take_over(self, last_round: int, version: int) -> int:
         """Redo here — explore, then ``settle`` (verify, commit) — each shard of rounds up to
@@ -158,6 +196,13 @@ class ExploreRound:
         """A mixture's train tasks by part."""
         train = self.train_tasks()
         return {name: [train[i] for i in rows] for name, rows in by_part(train).items()}
+
+    def expert_rows(self, tasks: list[Task]) -> pa.Table:
+        """The expert demonstrations of ``tasks`` (``taskset.expert_tasks`` of them; 0: all), each by
+        its workflow."""
+        limit = self.cfg.taskset.expert_tasks or None
+        return pa.concat_tables([workflow.expert_table(self.engine, some, campaign=self.cfg.name, limit=limit)
+                                 for workflow, some in self.by_workflow(tasks)])
 
     def by_workflow(self, tasks: list[Task]) -> list[tuple[Any, list[Task]]]:
         """``tasks`` grouped by the workflow that runs them (a mixture part's, else the campaign's), in order."""

@@ -28,6 +28,9 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from rftflow.components.buffer.weights import WeightStore
+from rftflow.components.config import SyncConfig
+from rftflow.components.data.images import task_images
+from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.engines import cpu_copies, weights_digest
 
 KEEP_PUBLISHED = 3  # published versions kept in the store (a reader may still be loading the one before)
@@ -138,3 +141,20 @@ def check_sync(trainer, engine, version: int, explorer_version: int, probe: Sequ
             worst = max(worst, diff)
         metrics["sync/logprob_max_diff"] = worst
     return metrics
+
+
+class SyncCheck:
+    """``check_sync`` after each publish where trainer and explorer share a process (``sync.check``),
+    probed on a task (its images, if any, read by both sides); the log-probs every
+    ``sync.check_logprobs_every``-th time, the first included. ``done``: checks made."""
+
+    def __init__(self, settings: SyncConfig, temperature: float):
+        self.settings, self.temperature, self.done = settings, temperature, 0
+
+    def __call__(self, trainer, engine, task: Task, version: int, explorer_version: int) -> dict[str, float]:
+        every, self.done = self.settings.check_logprobs_every, self.done + 1
+        images = task_images(task)
+        probe = engine.encode(task.prompt, images) if images else engine.encode(task.prompt)
+        return check_sync(trainer, engine, version, explorer_version, probe,
+                          logprobs=bool(every) and (self.done - 1) % every == 0,
+                          tolerance=self.settings.logprob_tolerance, temperature=self.temperature, images=images)

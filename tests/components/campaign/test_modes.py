@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pyarrow.compute as pc
 import pytest
 
-import rftflow.components.campaign.stages as campaign_module
+import rftflow.components.stopping as stopping
 from rftflow.components.config import ConfigError, load_config
 from rftflow.components.campaign.preflight import preflight
 from rftflow.components.campaign.run import CampaignRun
@@ -72,13 +72,13 @@ def test_a_trainer_alone_times_out_in_one_line_when_no_explorer_comes(tmp_path, 
         *small, *TWO, "mode=train", "sync.timeout_seconds=1", "trainer.warmup_steps=0"]))
     for step in list(run.steps())[:4]:
         run.do(step)
-    pauses = []  # the campaign module's clock only: other threads' sleeps (MLflow's) stay out of it
-    monkeypatch.setattr(campaign_module, "time", SimpleNamespace(
+    pauses = []  # the waits' clock only: other threads' sleeps (MLflow's) stay out of it
+    monkeypatch.setattr(stopping, "time", SimpleNamespace(
         monotonic=time.monotonic, sleep=lambda s: (pauses.append(s), time.sleep(s))))
     with pytest.raises(TimeoutError, match=r"waited 1 s for round 1's experiences .* --mode explore\|train"):
         run.do(Planned(Step.TRAIN, 1))
     # the store is looked at after 2 ms, then twice as long each time, never more than 0.5 s apart
-    assert pauses[:4] == [0.002, 0.004, 0.008, 0.016] and max(pauses) == campaign_module.POLL_MAX_SECONDS == 0.5
+    assert pauses[:4] == [0.002, 0.004, 0.008, 0.016] and max(pauses) == stopping.POLL_MAX_SECONDS == 0.5
 
 
 @pytest.mark.parametrize("overrides, message", [

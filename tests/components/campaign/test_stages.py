@@ -140,7 +140,7 @@ def test_a_round_past_the_contract_threshold_fails_and_keeps_its_bad_rows(starte
         campaign.verify(1)
     bad = campaign.store.read_kind("failed", 1)
     assert bad.num_rows > 0.1 * 16 and set(bad.column("reason").to_pylist()) == {"expect_multicolumn_values_within_bounds(reward)"}
-    assert bad.num_rows == campaign.validation_log[-1].quarantined  # the report counts the same rows
+    assert bad.num_rows == campaign.validation.entries[-1].quarantined  # the report counts the same rows
     assert campaign.store.read_kind("quarantine").num_rows == 0  # a failed round's rows are apart
     # the round runs again under a looser threshold: its rows are quarantined once, under the round
     loose = campaign.cfg.contracts.model_copy(update={"max_bad_fraction": 1.0})

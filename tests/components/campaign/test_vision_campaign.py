@@ -25,7 +25,7 @@ def test_a_vision_campaign_trains_on_rows_that_keep_their_pictures(tmp_path):
     campaign = run.campaign
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["accuracy_by"] == "share of responses with vision ≥ 1"
-    assert campaign.syncs_checked == 2  # after each round, log-probs with the probe's picture included
+    assert campaign.sync_check.done == 2  # after each round, log-probs with the probe's picture included
     processor = campaign.processor
     tasks = campaign.tasks_by_id
     for kind in ("usual", "expert"):

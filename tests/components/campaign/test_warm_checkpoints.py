@@ -8,7 +8,7 @@ import torch
 from rftflow.components.campaign.preflight import preflight
 from rftflow.components.campaign.run import CampaignRun
 from rftflow.components.campaign.schedule import Planned, Step
-from rftflow.components.campaign.stages import StopRequested
+from rftflow.components.stopping import StopRequested
 
 WARM = ["rounds=1", "trainer.warmup_steps=40", "trainer.warmup_checkpoint_every=10"]
 

@@ -64,8 +64,8 @@ def test_the_warm_start_ends_at_the_first_check_that_reaches_warmup_until(tmp_pa
         run = CampaignRun(preflight(default_config, tmp_path / name, [
             *small, *GAME, "trainer.warmup_steps=30", f"trainer.warmup_until={until}", "trainer.warmup_check_every=5"]))
         campaign, checks = run.campaign, []
-        measure = campaign.warm_accuracy
-        campaign.warm_accuracy = lambda: checks.append(measure()) or checks[-1]
+        measure = campaign.warm.accuracy
+        campaign.warm.accuracy = lambda: checks.append(measure()) or checks[-1]
         campaign.prepare()
         return campaign.warm_start(), checks, run
 
@@ -93,7 +93,7 @@ def test_warmup_check_near_checks_every_step_once_a_check_reaches_it(tmp_path, d
     campaign, step, checked = run.campaign, [0], []
     scripted = iter([0.1, 0.5, 0.0, 0.3, 0.9])  # the 2nd reaches 0.4: every step from then on, lower or not
     # a step's progress is reported after its check (with the check's accuracy): the step checked is the next one
-    campaign.warm_accuracy = lambda: checked.append(step[0] + 1) or next(scripted)
+    campaign.warm.accuracy = lambda: checked.append(step[0] + 1) or next(scripted)
     campaign.prepare()
     metrics = campaign.warm_start(progress=lambda done, _: step.__setitem__(0, done))
     assert checked == [5, 10, 11, 12, 13]
@@ -109,13 +109,13 @@ def test_warmup_check_by_takes_the_lowest_group_and_names_a_missing_key(tmp_path
                                                                  "trainer.warmup_check_by=operator"]))
     campaign = run.campaign
     campaign.prepare()
-    groups = campaign.warm_check_groups()
+    groups = campaign.warm.check_groups()
     assert len(groups) == 2 and sum(len(g) for g in groups) == 64
     assert sorted(t.metadata["operator"] for g in groups for t in g[:1]) == ["+", "-"]
     assert all(len({t.metadata["operator"] for t in g}) == 1 for g in groups)
     seen, evaluate = [], campaign.evaluate  # the check evaluates each group and takes the lowest
     campaign.evaluate = lambda tasks, engine: seen.append((tasks, evaluate(tasks, engine))) or seen[-1][1]
-    check = campaign.warm_accuracy()
+    check = campaign.warm.accuracy()
     assert [tasks for tasks, _ in seen] == groups
     assert check == min(result["accuracy/held_out"] for _, result in seen)
 
