@@ -39,7 +39,7 @@ from rftflow.components.campaign.schedule import Planned, Step
 from rftflow.components.campaign.state import FinishedMeanwhile
 from rftflow.components.stopping import StopFlag, StopRequested
 from rftflow.flows.monitor import UIMonitor
-from rftflow.flows.orchestration import Rounds, TaskRunPlan, orchestration_of
+from rftflow.flows.orchestration import OrchestrationConfig, Rounds, TaskRunPlan, orchestration_of
 from rftflow.flows.progress import CampaignProgress
 from rftflow.tasks import stages
 
@@ -288,32 +288,38 @@ def _mark_crashed(run: CampaignRun) -> None:
                     message=f"its process was killed; flow run {run.flow_run_id} resumed the campaign"), force=True)
 
 
-# A campaign its caller in this process checked already (``handing_over``), with its ``restart``
-_HANDED_OVER: tuple[Preflight, bool] | None = None
+# A campaign its caller in this process checked already (``handing_over``), with its ``restart`` and
+# its orchestration section if checked too
+_HANDED_OVER: tuple[Preflight, bool, OrchestrationConfig | None] | None = None
 
 
 @contextmanager
-def handing_over(checked: Preflight, restart: bool = False) -> Iterator[None]:
+def handing_over(checked: Preflight, restart: bool = False,
+                 settings: OrchestrationConfig | None = None) -> Iterator[None]:
     """Within: ``rft_campaign`` called for this very campaign (``checked.cfg`` as JSON, its run dir,
-    no overrides, the same ``restart``) takes ``checked`` instead of checking it again. The CLI and
-    ``rftflow.run_campaign`` check before any server starts, then call the flow in here; any other
-    call (a deployment's run: a YAML path and overrides) is checked where it enters, in the flow."""
+    no overrides, the same ``restart``) takes ``checked`` instead of checking it again, and
+    ``settings`` as its orchestration section (``orchestration_of``'s; None: the flow checks it).
+    The CLI and ``rftflow.run_campaign`` check before any server starts, then call the flow in here;
+    any other call (a deployment's run: a YAML path and overrides) is checked where it enters, in the flow."""
     global _HANDED_OVER
-    previous, _HANDED_OVER = _HANDED_OVER, (checked, restart)
+    previous, _HANDED_OVER = _HANDED_OVER, (checked, restart, settings)
     try:
         yield
     finally:
         _HANDED_OVER = previous
 
 
-def _checked(config: dict[str, Any] | str, run_dir: str | None, overrides: list[str], restart: bool) -> Preflight:
-    """The flow's parameters checked once: what ``handing_over`` gave for this campaign, else ``preflight``."""
+def _checked(config: dict[str, Any] | str, run_dir: str | None, overrides: list[str],
+             restart: bool) -> tuple[Preflight, OrchestrationConfig]:
+    """The flow's parameters checked once, and the orchestration section: what ``handing_over`` gave
+    for this campaign, else ``preflight`` and ``orchestration_of``."""
     if _HANDED_OVER is not None and not overrides and isinstance(config, dict):
-        checked, checked_restart = _HANDED_OVER
+        checked, checked_restart, settings = _HANDED_OVER
         if (checked_restart == restart and run_dir is not None and Path(run_dir).resolve() == checked.run_dir
                 and config == checked.cfg.model_dump(mode="json")):
-            return checked
-    return preflight(config, run_dir, overrides, restart=restart)
+            return checked, settings or orchestration_of(checked.cfg)
+    checked = preflight(config, run_dir, overrides, restart=restart)
+    return checked, orchestration_of(checked.cfg)
 
 
 @flow(name="rft_campaign", flow_run_name=_flow_run_name)
@@ -334,8 +340,7 @@ def rft_campaign(config: dict[str, Any] | str, run_dir: str | None = None, overr
     """
     overrides = [_filled(o) for o in overrides or []]
     try:
-        checked = _checked(config, _filled(run_dir), overrides, restart)
-        settings = orchestration_of(checked.cfg)
+        checked, settings = _checked(config, _filled(run_dir), overrides, restart)
     except (ConfigError, StoreUnavailable) as e:
         return Failed(message=str(e), data=e)
     if checked.cfg.mode == Mode.BENCH:

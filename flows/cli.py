@@ -129,13 +129,18 @@ def _preflight(config, run_dir: Path | None, overrides: list[str], restart: bool
 
 def _load_config(config: Path | None, overrides: list[str]):
     """The campaign config (file and overrides), or its one-line error ending the command."""
+    return _load_with_orchestration(config, overrides)[0]
+
+
+def _load_with_orchestration(config: Path | None, overrides: list[str]):
+    """The campaign config (file and overrides) and its orchestration section (``orchestration_of``:
+    a section the flows define, checked here too), or the one-line error ending the command."""
     from rftflow.components.config import ConfigError, load_config
     from rftflow.flows.orchestration import orchestration_of  # its moved keys, and its section's check
 
     try:
         loaded = load_config(config or DEFAULT_CONFIG, overrides)
-        orchestration_of(loaded)
-        return loaded
+        return loaded, orchestration_of(loaded)
     except ConfigError as e:
         _fail(str(e))
 
@@ -171,7 +176,7 @@ def run(
     from rftflow.components.config import Mode
     from rftflow.flows.prefect_api import booting_prefect_api
 
-    loaded = _load_config(config, overrides)  # a bad key fails before the Prefect server starts
+    loaded, settings = _load_with_orchestration(config, overrides)  # a bad key fails before the server starts
     at_once.name = f"campaign {loaded.name}"
     if loaded.mode.trains and loaded.trainer.processes != launched:
         if launched == 1 and "WORLD_SIZE" not in os.environ:
@@ -195,7 +200,7 @@ def run(
         cfg = checked.cfg
         prefect_api_ready()
         campaign.AT_ONCE = at_once
-        with campaign.handing_over(checked, restart):  # checked once: the flow takes it as it is
+        with campaign.handing_over(checked, restart, settings):  # checked once: the flow takes it as it is
             state = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,
                                  show_progress=progress, return_state=True)
     _exit_on(state)

@@ -39,6 +39,23 @@ def test_the_section_is_checked_and_its_old_keys_name_their_new_place():
             load_config(None, [old])
 
 
+def test_a_campaign_handed_to_the_flow_is_checked_once(tmp_path, default_config, small, monkeypatch):
+    """The CLI checks the config and its orchestration section before any server starts and hands
+    both over; the flow takes them as they are, and checks what nobody handed it."""
+    from rftflow.flows import campaign as flow_module
+
+    checked = preflight(default_config, tmp_path / "run", [*small, "orchestration.task_runs=round"])
+    settings, calls = orchestration_of(checked.cfg), []
+    monkeypatch.setattr(flow_module, "orchestration_of", lambda cfg: calls.append(cfg) or orchestration_of(cfg))
+    as_json, run_dir = checked.cfg.model_dump(mode="json"), str(checked.run_dir)
+    with flow_module.handing_over(checked, False, settings):
+        assert flow_module._checked(as_json, run_dir, [], False) == (checked, settings) and calls == []
+    with flow_module.handing_over(checked):  # rftflow.run_campaign: the section is checked in the flow, once
+        again, section = flow_module._checked(as_json, run_dir, [], False)
+        assert again is checked and section.task_runs == "round" and calls == [checked.cfg]
+
+
+
 def test_a_stored_config_with_the_old_keys_is_the_same_campaign():
     stored = load_config(None, ["rounds=3"]).model_dump(mode="json")
     stored.pop("orchestration")
