@@ -241,6 +241,17 @@ except (OSError, AttributeError):'''),
              ("tests/components/data/test_taskset_images.py::test_paths_bytes_data_urls_and_entries_make_the_same_"
               "tasks",), "components/data/tasksets.py",
              'images = {"base": Path() if source.startswith(HUB_PREFIX) else path.parent,', 'images = {"base": Path(),'),
+    Mutation("pictures-in-every-row", "an experience shard keeps each row's picture bytes (not stored once by hash)",
+             ("tests/components/buffer/test_pictures.py::test_a_picture_shared_by_16_rows_is_stored_once_and_rows_"
+              "read_back_with_its_bytes",), "components/buffer/images.py",
+             '"key": key, "data": None}', '"key": key, "data": item.get("data")}'),
+    Mutation("picture-trusted-on-read", "a picture read back from the store is not checked against its hash",
+             ("tests/components/buffer/test_pictures.py::test_a_picture_altered_or_missing_in_the_store_fails_the_"
+              "read_naming_its_key",), "components/buffer/images.py",
+             "                if digest(got[key]) != item[\"sha256\"]:\n", "                if False:\n"),
+    Mutation("gc-keeps-pictures", "buffer gc never deletes a picture no kept row shows",
+             ("tests/components/buffer/test_pictures.py::test_gc_deletes_the_pictures_only_dropped_rounds_showed",),
+             "components/buffer/retention.py", "    _unseen_pictures(store, keys, result)\n", ""),
 ]
 
 

@@ -1,6 +1,7 @@
 """A vision campaign from the shipped config, cut to a few rounds: warm start, GRPO rounds, sync
-checks with pictures; every stored row holds the picture its task showed; the model it registers
-is a model directory with its processor, which samples as the trained policy does."""
+checks with pictures; every stored row holds the picture its task showed, each picture one object
+in the store, shown and exported by ``rftflow buffer``; the model it registers is a model directory
+with its processor, which samples as the trained policy does."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ def test_a_vision_campaign_trains_on_rows_that_keep_their_pictures(tmp_path):
             assert image["sha256"] == digest(image["data"]) == tasks[row["task_id"]].metadata["images"][0]["sha256"]
             assert row["prompt_ids"].count(processor.image_token_id) == processor.image_seq_len
             assert row["domain"] == "vision" or kind == "expert"
+    # each picture is one object in the store, however many rows (a group of 4, the gold answer) show it
+    shown = {row["images"][0]["sha256"] for kind in ("usual", "expert") for row in campaign.store.read_kind(kind).to_pylist()}
+    assert sorted(campaign.store.picture_keys()) == sorted(f"images/{sha}" for sha in shown)
+    _buffer_verbs_show_and_export_the_pictures(tmp_path / "run", tmp_path / "usual.jsonl")
     # the registered model is a vision-language model directory: it loads and samples as the policy
     from rftflow.components.explore.engines import HFRolloutEngine
     from rftflow.components.explore.models import load_model, load_processor
@@ -50,3 +55,21 @@ def test_a_vision_campaign_trains_on_rows_that_keep_their_pictures(tmp_path):
     with torch.no_grad():
         theirs = policy.generate([t.prompt for t in some], **args)
     assert [g[0].response_ids for g in ours] == [g[0].response_ids for g in theirs]
+
+
+def _buffer_verbs_show_and_export_the_pictures(run_dir: Path, out: Path) -> None:
+    """``rftflow buffer show`` names each row's picture; ``export`` writes it as a data: URL a taskset takes."""
+    from typer.testing import CliRunner
+
+    from rftflow.components.data.image_sources import image_entries
+    from rftflow.flows.cli import app
+
+    shown = CliRunner().invoke(app, ["buffer", "show", str(run_dir), "--limit", "2"], env={"COLUMNS": "400"})
+    assert shown.exit_code == 0 and shown.stdout.count("images/") >= 2, shown.stdout
+    exported = CliRunner().invoke(app, ["buffer", "export", str(run_dir), "--out", str(out)])
+    assert exported.exit_code == 0, exported.stdout
+    for line in out.read_text().splitlines():
+        row = json.loads(line)
+        [image] = row["images"]
+        [entry] = image_entries(image["data"], out.parent, 1 << 20)
+        assert entry["sha256"] == image["sha256"] and image["key"] == f"images/{image['sha256']}"
