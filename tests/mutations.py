@@ -43,6 +43,7 @@ class Mutation:
     file: str | None = None  # the file mutated, from the repository root
     old: str = ""  # a snippet found exactly once in it
     new: str = ""  # what replaces it
+    more: tuple[tuple[str, str], ...] = ()  # further (snippet, replacement) pairs in the same file
     env: dict[str, str] = field(default_factory=dict)  # the test run's environment, over this one's
     prepare: Callable[[Path], dict[str, str]] | None = None  # a scratch folder → more environment
     exit: int = EXIT_TESTS_FAILED  # how the run must end: tests failed, or the suite refused to start
@@ -99,12 +100,17 @@ MUTATIONS = [
     Mutation("server-outlives-sigkill", "the embedded Prefect server is not ended with its killed run",
              (KILL + "test_no_process_outlives_a_killed_run",), "flows/prefect_api.py",
              "ctypes.CDLL(None).prctl(1, signal.SIGTERM)", "ctypes.CDLL(None).prctl(1, 0)"),
+    # the server is stopped by the run (``stop``) and by the kernel when the run ends (its parent-death
+    # signal): both go, or the other one still ends it
     Mutation("server-outlives-stop", "a stopped run leaves its embedded Prefect server running",
              ("tests/flows/test_stops.py::test_ctrl_c_in_the_warm_start_stops_at_once_and_the_same_command_resumes",),
              "flows/prefect_api.py", '''    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
 except (OSError, AttributeError):''', '''    ctypes.CDLL(None).prctl(1, 0)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-except (OSError, AttributeError):'''),
+except (OSError, AttributeError):''',
+             more=(("        self.process.terminate()\n        try:\n            self.process.wait(timeout=5)\n"
+                    "        except subprocess.TimeoutExpired:\n            self.process.kill()\n"
+                    "            self.process.wait()\n", ""),)),
     # conditions on events, not wall time
     Mutation("lease-not-renewed", "a lease's renewal writes the same bytes (its holder looks dead)",
              ("tests/components/buffer/test_leases.py::test_a_renewed_lease_is_kept_and_a_silent_one_is_taken_over",),
@@ -252,6 +258,10 @@ except (OSError, AttributeError):'''),
     Mutation("gc-keeps-pictures", "buffer gc never deletes a picture no kept row shows",
              ("tests/components/buffer/test_pictures.py::test_gc_deletes_the_pictures_only_dropped_rounds_showed",),
              "components/buffer/retention.py", "    _unseen_pictures(store, keys, result)\n", ""),
+    Mutation("vlm-adapter-on-pictures", "LoRA on a vision-language model adapts its image encoder and connector too",
+             ("tests/components/campaign/test_vision_campaign.py::test_lora_on_a_vision_language_model_over_a_text_"
+              "and_vision_mixture",), "components/train/adapters.py",
+             'exclude_modules=VISION_SIDE if hasattr(model.config, "vision_config") else None', "exclude_modules=None"),
 ]
 
 
@@ -307,9 +317,11 @@ def run(mutation: Mutation, mutate: bool = True) -> tuple[str, str]:
             if mutation.file and mutate:
                 target = tree / mutation.file
                 text = target.read_text()
-                if text.count(mutation.old) != 1:
-                    return "refused", f"its snippet is in {mutation.file} {text.count(mutation.old)} times, not once"
-                target.write_text(text.replace(mutation.old, mutation.new))
+                for old, new in ((mutation.old, mutation.new), *mutation.more):
+                    if text.count(old) != 1:
+                        return "refused", f"its snippet is in {mutation.file} {text.count(old)} times, not once"
+                    text = text.replace(old, new)
+                target.write_text(text)
             env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1",
                    **(mutation.env if mutate else {})}
             env.pop("RFTFLOW_ALLOW_MISSING", None)
