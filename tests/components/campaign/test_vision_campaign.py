@@ -12,7 +12,9 @@ import torch
 
 from rftflow.components.campaign.preflight import preflight
 from rftflow.components.campaign.run import CampaignRun
-from rftflow.components.data.images import digest, images_argument
+from PIL import Image
+
+from rftflow.components.data.images import digest, images_argument, task_images
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "vision-tiny.yaml"
 SMALL = ("rounds=2", "taskset.size=200", "taskset.eval_size=10", "trainer.warmup_steps=6", "trainer.warmup_until=null",
@@ -41,6 +43,19 @@ def test_a_vision_campaign_trains_on_rows_that_keep_their_pictures(tmp_path):
     shown = {row["images"][0]["sha256"] for kind in ("usual", "expert") for row in campaign.store.read_kind(kind).to_pylist()}
     assert sorted(campaign.store.picture_keys()) == sorted(f"images/{sha}" for sha in shown)
     _buffer_verbs_show_and_export_the_pictures(tmp_path / "run", tmp_path / "usual.jsonl")
+    # each evaluation shows 8 held-out tasks in MLflow: their pictures, greedy answers and rewards
+    from rftflow.components.verify.vision import vision_answer
+
+    artifacts = Path(run.tracker.artifact_uri.removeprefix("file://"))
+    assert run.answers_shown == {0: ["answers/round-0000-pictures.json"], 2: ["answers/round-0002-pictures.json"]}
+    table = json.loads((artifacts / "answers" / "round-0002-pictures.json").read_text())
+    assert table["columns"] == ["taskset", "task_id", "prompt", "picture", "answer", "reward"]
+    assert [row[1] for row in table["data"]] == [t.task_id for t in campaign.eval_tasks[:8]]
+    held_out = {t.task_id: t for t in campaign.eval_tasks}
+    for _, task_id, _, picture, answer, reward in table["data"]:
+        shown = Image.open(artifacts / picture["filepath"]).convert("RGB")
+        assert shown.tobytes() == task_images(held_out[task_id])[0].tobytes()
+        assert reward == vision_answer(answer, held_out[task_id])
     # the registered model is a vision-language model directory: it loads and samples as the policy
     from rftflow.components.explore.engines import HFRolloutEngine
     from rftflow.components.explore.models import load_model, load_processor
@@ -73,3 +88,51 @@ def _buffer_verbs_show_and_export_the_pictures(run_dir: Path, out: Path) -> None
         [image] = row["images"]
         [entry] = image_entries(image["data"], out.parent, 1 << 20)
         assert entry["sha256"] == image["sha256"] and image["key"] == f"images/{image['sha256']}"
+
+
+MIXTURE = [  # pictures and sums in one campaign: the VLM reads both
+    {"name": "pictures", "weight": 1, "reward": "vision", "taskset": {"eval_size": 8}},
+    {"name": "sums", "weight": 1, "reward": "score_answer",
+     "taskset": {"source": "reasoning_gym:chain_sum", "params": {}, "domain": None, "prompt_template": "{expression} =",
+                 "eval_size": 8}},
+]
+
+
+def test_lora_on_a_vision_language_model_over_a_text_and_vision_mixture(tmp_path):
+    """``model.lora`` on the VLM, a mixture of a picture taskset and a text one: adapters on the text
+    decoder only (the image encoder and connector stay the base's), the explorer's log-probs with
+    pictures checked after each round's sync, each part's rows stored (pictures only on its own) and
+    its reward and held-out accuracy tracked; the registered version, merged into its registered
+    base, is the trained policy."""
+    import yaml
+    from mlflow import MlflowClient
+
+    import rftflow
+    from rftflow.components.train.adapters import merged_weights
+
+    config = yaml.safe_load(CONFIG.read_text()) | {"mixture": MIXTURE}
+    run = CampaignRun(preflight(config, tmp_path / "run", (*SMALL, "model.lora.rank=8")))
+    run.run()
+    campaign = run.campaign
+    policy = campaign.trainer.unwrapped
+    adapted = {name.split(".lora_A")[0] for name, _ in policy.named_parameters() if ".lora_A" in name}
+    assert adapted and all(".text_model." in name for name in adapted), sorted(adapted)
+    assert campaign.syncs_checked == 2
+    rows = campaign.store.read_kind("usual").to_pylist()
+    parts = {campaign.tasks_by_id[row["task_id"]].metadata["taskset"]: bool(row["images"]) for row in rows}
+    assert parts == {"pictures": True, "sums": False}
+    client = MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
+    metrics = client.get_run(run.tracker.run_id).data.metrics
+    for part in ("pictures", "sums"):
+        assert f"reward/{part}/mean" in metrics and f"accuracy/{part}/held_out" in metrics, sorted(metrics)
+
+    merged = merged_weights(policy)
+    base = policy.get_base_model().state_dict()
+    for name, tensor in base.items():  # the picture side is the base's, bit for bit
+        if ".vision_model." in name or ".connector." in name:
+            assert torch.equal(merged[name.replace(".base_layer.", ".")], tensor)
+    assert any(not torch.equal(merged[k], base[k.replace("q_proj.", "q_proj.base_layer.")])
+               for k in merged if ".text_model." in k and k.endswith("q_proj.weight"))  # the adapter moved them
+    model, _ = rftflow.load_registered_model("models:/vision-tiny/1", f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
+    registered = model.state_dict()
+    assert registered.keys() == merged.keys() and all(torch.equal(registered[k], merged[k]) for k in merged)
