@@ -650,6 +650,9 @@ class EvalConfig(_Section):
 
     every: int = Field(5, gt=0, description="Greedy held-out evaluation every k rounds (and before/after).")
     max_new_tokens: int = Field(16, gt=0, description="Longest greedy answer, in tokens.")
+    shown_answers: int = Field(8, ge=0, description="Held-out answers logged to MLflow at each evaluation "
+                               "(`answers/round-NNNN.json`: each taskset's first N tasks, their pictures, greedy "
+                               "answers and rewards), linked from the Prefect round table; 0: none.")
 
 
 class ContractsConfig(_Section):

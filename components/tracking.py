@@ -117,6 +117,11 @@ def run_url(ui: str, experiment_id: str, run_id: str) -> str:
     return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}/model-metrics?{TRAINING_VIEW}"
 
 
+def artifact_url(ui: str, experiment_id: str, run_id: str, path: str) -> str:
+    """A run's artifact (a table, a picture) in its Artifacts tab."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}/artifacts/{path}"
+
+
 def experiment_url(ui: str, experiment_id: str) -> str:
     """An experiment's runs table in the training view, with the key metrics and progress as columns
     (the view ``experiment_view`` saves in the experiment)."""
@@ -311,6 +316,14 @@ class Tracker:
         """Upload a directory; returns its artifact URI."""
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
         return f"{self.artifact_uri}/{artifact_path}"
+
+    def log_table(self, columns: Mapping[str, list], artifact_file: str) -> None:
+        """Columns as an MLflow table (``artifact_file``, JSON; PIL images shown inline in its UI),
+        replacing a table of that name (MLflow's ``log_table`` would append to it: a redone
+        evaluation after a resume logs its table again)."""
+        self.delete_artifacts(artifact_file)
+        self.delete_artifacts(f"table_images/{artifact_file.removesuffix('.json')}")
+        self.client.log_table(self.run_id, data=dict(columns), artifact_file=artifact_file)
 
     def delete_artifacts(self, artifact_path: str) -> None:
         """Delete a directory of the run's artifacts (an old checkpoint)."""

@@ -489,19 +489,26 @@ def buffer_show(store: StoreArg, campaign: CampaignOpt = None, kind: KindOpt = "
     """A few stored rows, as text."""
     rows = _read(_open_buffer(store, campaign), kind, round_no)
     columns = [c for c in ("round", "source", "task_id", "prompt", "question", "response", "answer", "reward",
-                           "model_version", "reason") if c in rows.column_names]
+                           "model_version", "images", "reason") if c in rows.column_names]
     table = Table(title=f"{kind}: {rows.num_rows} rows" + (f" in round {round_no}" if round_no else ""))
     for column in columns:
         table.add_column(column, overflow="fold")
+
+    def shown(value) -> str:
+        if isinstance(value, list):  # pictures: each by its key (``images/<sha256>``, shortened)
+            return ", ".join(f"{image['key'][:19]}… ({len(image['data'] or b'')} B)" for image in value)
+        return "" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+
     for row in rows.slice(0, limit).select(columns).to_pylist():
-        table.add_row(*("" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()))
+        table.add_row(*(shown(v) for v in row.values()))
     Console().print(table)
 
 
 @buffer_app.command("export")
 def buffer_export(store: StoreArg, out: Annotated[Path, typer.Option("--out", help="A .jsonl or .parquet file.")],
                   campaign: CampaignOpt = None, kind: KindOpt = "usual", round_no: RoundOpt = None) -> None:
-    """Write stored rows to JSONL or Parquet."""
+    """Write stored rows to JSONL or Parquet, each with its pictures' bytes (Parquet: binary; JSONL: a
+    ``data:`` URL, as tasksets take them), so the file stands without the store."""
     import pyarrow.parquet as pq
 
     if out.suffix not in (".jsonl", ".parquet"):
@@ -511,8 +518,12 @@ def buffer_export(store: StoreArg, out: Annotated[Path, typer.Option("--out", he
     if out.suffix == ".parquet":
         pq.write_table(rows, out)
     else:
+        from rftflow.components.data.images import data_url
+
         with out.open("w") as f:
             for row in rows.to_pylist():
+                for image in row.get("images") or ():
+                    image["data"] = data_url(image["data"])
                 f.write(json.dumps(row, default=str) + "\n")
     Console().print(f"{rows.num_rows} {kind} rows → {out}")
 

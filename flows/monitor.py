@@ -16,7 +16,8 @@ anything:
   steps done, the step, loss and ETA in the description), ``…-progress`` (rounds done, the ETA),
   ``…-rounds`` (a table of every round's reward, loss, held-out accuracy, quarantined rows and
   seconds per stage, from round 0, "before"; with a multi-turn workflow also its episodes' turns,
-  success, tool calls, tool errors and timeouts) and ``…-summary`` (markdown at the end, or the
+  success, tool calls, tool errors and timeouts; with ``eval.shown_answers``, where each evaluated
+  round's answers are in MLflow) and ``…-summary`` (markdown at the end, or the
   one line on why it stopped). Keys are ``<label>-a<attempt>-<kind>``;
 - the MLflow run's tags ``rftflow.progress`` and ``rftflow.eta`` (columns of the experiment's runs
   table, ``tracking.experiment_url``), at most every ``MLFLOW_SECONDS``.
@@ -49,8 +50,8 @@ from prefect.client.schemas.actions import ArtifactUpdate
 
 from rftflow.components.campaign.run import CampaignRun
 from rftflow.components.campaign.schedule import ROUND, eval_due
-from rftflow.components.tracking import (experiment_url, is_tracking_server, model_version_url, registry_name,
-                                         run_url)
+from rftflow.components.tracking import (artifact_url, experiment_url, is_tracking_server, model_version_url,
+                                         registry_name, run_url)
 from rftflow.flows.alerts import ENDED_EVENT, ROUND_EVENT, campaign_resource
 from rftflow.flows.progress import Pace, eta_text, warm_figures
 
@@ -287,8 +288,16 @@ class UIMonitor:
         cfg = self.run.cfg
         episodes = EPISODE_COLUMNS if cfg.workflows() != {"single_turn"} else {}
         columns = {**COLUMNS, **episodes, **taskset_columns(cfg)}
-        return [{"round": r, **{col: _cell(history.get(r, {}).get(key)) for col, key in columns.items()}}
+        return [{"round": r, **{col: _cell(history.get(r, {}).get(key)) for col, key in columns.items()},
+                 **({"answers": self._answers_link(r)} if cfg.eval.shown_answers else {})}
                 for r in ([0] if 0 in history else []) + done]
+
+    def _answers_link(self, round_no: int) -> str:
+        """Where the round's evaluation shows its answers (``eval.shown_answers``): the MLflow table's
+        page, or its artifact path in the run without an MLflow UI; "" for a round not evaluated here."""
+        tracker = self.run.tracker
+        paths = self.run.answers_shown.get(round_no, [])
+        return " ".join(artifact_url(self.ui, tracker.experiment_id, tracker.run_id, p) if self.ui else p for p in paths)
 
     @_best_effort
     def summary(self, summary: dict[str, Any] | None = None, stopped: str | None = None) -> None:

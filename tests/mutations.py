@@ -43,6 +43,7 @@ class Mutation:
     file: str | None = None  # the file mutated, from the repository root
     old: str = ""  # a snippet found exactly once in it
     new: str = ""  # what replaces it
+    more: tuple[tuple[str, str], ...] = ()  # further (snippet, replacement) pairs in the same file
     env: dict[str, str] = field(default_factory=dict)  # the test run's environment, over this one's
     prepare: Callable[[Path], dict[str, str]] | None = None  # a scratch folder → more environment
     exit: int = EXIT_TESTS_FAILED  # how the run must end: tests failed, or the suite refused to start
@@ -99,12 +100,17 @@ MUTATIONS = [
     Mutation("server-outlives-sigkill", "the embedded Prefect server is not ended with its killed run",
              (KILL + "test_no_process_outlives_a_killed_run",), "flows/prefect_api.py",
              "ctypes.CDLL(None).prctl(1, signal.SIGTERM)", "ctypes.CDLL(None).prctl(1, 0)"),
+    # the server is stopped by the run (``stop``) and by the kernel when the run ends (its parent-death
+    # signal): both go, or the other one still ends it
     Mutation("server-outlives-stop", "a stopped run leaves its embedded Prefect server running",
              ("tests/flows/test_stops.py::test_ctrl_c_in_the_warm_start_stops_at_once_and_the_same_command_resumes",),
              "flows/prefect_api.py", '''    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
 except (OSError, AttributeError):''', '''    ctypes.CDLL(None).prctl(1, 0)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-except (OSError, AttributeError):'''),
+except (OSError, AttributeError):''',
+             more=(("        self.process.terminate()\n        try:\n            self.process.wait(timeout=5)\n"
+                    "        except subprocess.TimeoutExpired:\n            self.process.kill()\n"
+                    "            self.process.wait()\n", ""),)),
     # conditions on events, not wall time
     Mutation("lease-not-renewed", "a lease's renewal writes the same bytes (its holder looks dead)",
              ("tests/components/buffer/test_leases.py::test_a_renewed_lease_is_kept_and_a_silent_one_is_taken_over",),
@@ -186,8 +192,8 @@ except (OSError, AttributeError):'''),
              "run last\n", ""),
     Mutation("lost-state-unseen", "a run dir's store that lost its campaign starts a new one in silence",
              (USER + "test_a_store_that_lost_the_campaign_of_a_run_dir_is_refused_until_restart",),
-             "components/campaign/state.py", "    from mlflow import MlflowClient\n\n    try:\n        client",
-             "    return []\n    from mlflow import MlflowClient\n\n    try:\n        client"),
+             "components/campaign/state.py", "    from mlflow import MlflowClient\n\n    from rftflow.components.tracking",
+             "    return []\n    from mlflow import MlflowClient\n\n    from rftflow.components.tracking"),
     Mutation("store-outage-refused", "a store down past its budget at the start exits 2 (a refusal), as before",
              (USER + "test_a_hung_store_and_bad_data_fail_with_1_leaving_the_run_dir_as_it_was",), "flows/cli.py",
              "    except StoreUnavailable as e:  # the store down past its outage budget: a failure, not bad input\n"
@@ -241,6 +247,21 @@ except (OSError, AttributeError):'''),
              ("tests/components/data/test_taskset_images.py::test_paths_bytes_data_urls_and_entries_make_the_same_"
               "tasks",), "components/data/tasksets.py",
              'images = {"base": Path() if source.startswith(HUB_PREFIX) else path.parent,', 'images = {"base": Path(),'),
+    Mutation("pictures-in-every-row", "an experience shard keeps each row's picture bytes (not stored once by hash)",
+             ("tests/components/buffer/test_pictures.py::test_a_picture_shared_by_16_rows_is_stored_once_and_rows_"
+              "read_back_with_its_bytes",), "components/buffer/images.py",
+             '"key": key, "data": None}', '"key": key, "data": item.get("data")}'),
+    Mutation("picture-trusted-on-read", "a picture read back from the store is not checked against its hash",
+             ("tests/components/buffer/test_pictures.py::test_a_picture_altered_or_missing_in_the_store_fails_the_"
+              "read_naming_its_key",), "components/buffer/images.py",
+             "                if digest(got[key]) != item[\"sha256\"]:\n", "                if False:\n"),
+    Mutation("gc-keeps-pictures", "buffer gc never deletes a picture no kept row shows",
+             ("tests/components/buffer/test_pictures.py::test_gc_deletes_the_pictures_only_dropped_rounds_showed",),
+             "components/buffer/retention.py", "    _unseen_pictures(store, keys, result)\n", ""),
+    Mutation("vlm-adapter-on-pictures", "LoRA on a vision-language model adapts its image encoder and connector too",
+             ("tests/components/campaign/test_vision_campaign.py::test_lora_on_a_vision_language_model_over_a_text_"
+              "and_vision_mixture",), "components/train/adapters.py",
+             'exclude_modules=VISION_SIDE if hasattr(model.config, "vision_config") else None', "exclude_modules=None"),
 ]
 
 
@@ -296,9 +317,11 @@ def run(mutation: Mutation, mutate: bool = True) -> tuple[str, str]:
             if mutation.file and mutate:
                 target = tree / mutation.file
                 text = target.read_text()
-                if text.count(mutation.old) != 1:
-                    return "refused", f"its snippet is in {mutation.file} {text.count(mutation.old)} times, not once"
-                target.write_text(text.replace(mutation.old, mutation.new))
+                for old, new in ((mutation.old, mutation.new), *mutation.more):
+                    if text.count(old) != 1:
+                        return "refused", f"its snippet is in {mutation.file} {text.count(old)} times, not once"
+                    text = text.replace(old, new)
+                target.write_text(text)
             env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1",
                    **(mutation.env if mutate else {})}
             env.pop("RFTFLOW_ALLOW_MISSING", None)

@@ -18,6 +18,7 @@ from rftflow.components.buffer.shards import (ShardError, commit_shard, committe
                                      marker_key, read_committed, read_shard, shard_key, write_shard)
 from rftflow.components.buffer.layout import KINDS, campaigns_in, ingest_dir, recorded_store, round_dir, shard_order
 from rftflow.components.buffer.store import ObjectStore, open_store
+from rftflow.components.buffer.images import IMAGES_DIR, filled, stored_form
 from rftflow.components.buffer.write_behind import OrderedStore, WriteBehind
 from rftflow.components.data.experience import SCHEMA, conform
 from rftflow.components.data.ingest import IngestResult
@@ -45,17 +46,15 @@ def open_campaign(location: str | Path, campaign: str | None = None) -> Experien
     return ExperienceStore(store, campaign)
 
 
-def _as_experiences(table: pa.Table) -> pa.Table:
-    """An experience shard as this version's ``SCHEMA`` (``conform``); other shards as they are."""
-    return conform(table) if "experience_id" in table.column_names else table
-
-
 class ExperienceStore:
     """Typed access to one campaign's experiences in ``store`` (see the module docstring).
 
     Committed shards never change, so the ones read often (explorer rounds, demonstrations, human
     rows) are cached in memory, and so is a staging shard this object committed until the next
     stage reads it (a retried stage, or another process, reads the store).
+
+    Pictures (the ``images`` column) are stored once each, by content hash (``images``): put before
+    the shard whose rows name them, and read back into the rows' ``data`` when a shard is read.
 
     With ``write_behind`` (a running campaign), a round's writes — staging, accepted experiences,
     quarantine, state files — are queued to one background thread (``write_behind``: in order,
@@ -73,6 +72,7 @@ class ExperienceStore:
         self._usual: dict[str, int] = {}  # usual shards known committed (or queued), listed or written here → round
         self._expert: pa.Table | None = None
         self._human: pa.Table | None = None
+        self._pictures: set[str] = set()  # picture keys known stored (put or read here)
 
     @property
     def url(self) -> str:
@@ -90,8 +90,37 @@ class ExperienceStore:
     def shard(self, key: str) -> pa.Table:
         """Committed shard ``key`` (cached)."""
         if key not in self._shards:
-            self._shards[key] = _as_experiences(read_shard(self.objects, key))
+            self._shards[key] = self._as_experiences(read_shard(self.objects, key))
         return self._shards[key]
+
+    def _as_experiences(self, table: pa.Table) -> pa.Table:
+        """An experience shard as this version's ``SCHEMA`` (``conform``) with its pictures' bytes
+        (``images.filled``: a missing or altered picture is a ``ShardError`` naming its key); other
+        shards as they are."""
+        if "experience_id" not in table.column_names:
+            return table
+        try:
+            return filled(conform(table), lambda key: self.objects.get(self.key(key)), f"{self.url}/{self.campaign}")
+        except ValueError as e:
+            raise ShardError(str(e)) from None
+
+    def _put_pictures(self, store: ObjectStore, blobs: dict[str, bytes]) -> None:
+        """Each picture not known stored, put if absent (another row, round or process may have)."""
+        for key, data in blobs.items():
+            if key not in self._pictures:
+                store.put(self.key(key), data, if_absent=True)
+                self._pictures.add(key)
+
+    def _write(self, prefix: str, table: pa.Table, part: int = 0, cache: dict[str, pa.Table] | None = None) -> str:
+        """``write_shard`` of ``table`` in its stored form, its pictures put first; a shard this call
+        commits goes into ``cache`` as ``table`` (with the pictures' bytes)."""
+        stored, blobs = stored_form(table)
+        self._put_pictures(self.objects, blobs)
+        committed: dict[str, pa.Table] = {}
+        key = write_shard(self.objects, prefix, stored, part, committed=committed)
+        if cache is not None and committed:
+            cache[key] = table
+        return key
 
     def flush(self) -> None:
         """Wait until the queued writes are in the store (raising a failed one's error)."""
@@ -106,7 +135,7 @@ class ExperienceStore:
         Queued, the shard goes into ``cache`` at once (the next stage reads it from there); a shard
         already committed (by an earlier attempt) or queued is not written again, as ``write_shard``."""
         if self._queue is None:
-            return write_shard(self.objects, prefix, table, part, committed=cache)
+            return self._write(prefix, table, part, cache)
         key, marker = shard_key(prefix, part), marker_key(prefix, part)
         if self._queue.pending(key) or is_committed(self._direct, prefix, part):
             return key
@@ -114,7 +143,9 @@ class ExperienceStore:
             cache[key] = table
 
         def write() -> None:
-            if not commit_shard(self._direct, prefix, encode_shard(table), table.num_rows, part):
+            stored, blobs = stored_form(table)
+            self._put_pictures(self._direct, blobs)
+            if not commit_shard(self._direct, prefix, encode_shard(stored), table.num_rows, part):
                 raise ShardError(f"shard {key}: another writer committed it while this one's write was queued; "
                                  "run one campaign per store prefix at a time")
 
@@ -140,7 +171,7 @@ class ExperienceStore:
         prefix = self.key("staging", round_dir(round_no), stage)
         staged = self._staged.pop(shard_key(prefix, part), None)
         return staged if staged is not None else read_committed(self.objects, prefix, keys=[shard_key(prefix, part)],
-                                                                conform=_as_experiences)
+                                                                conform=self._as_experiences)
 
     # experiences -----------------------------------------------------------------------------
     def write_usual(self, round_no: int, table: pa.Table, keep: bool = True, part: int = 0) -> str:
@@ -182,7 +213,7 @@ class ExperienceStore:
     def write_expert(self, table: pa.Table) -> str:
         """The taskset's gold demonstrations (``experiences/expert/taskset``)."""
         self._expert = None
-        return write_shard(self.objects, self.key("experiences", "expert", "taskset"), table)
+        return self._write(self.key("experiences", "expert", "taskset"), table)
 
     def write_ingested(self, source: str, ingest_id: str, table: pa.Table) -> bool:
         """Ingested ``expert`` demonstrations or ``human``-rated responses under ``ingest-<id>``;
@@ -191,19 +222,21 @@ class ExperienceStore:
         prefix = self.key("experiences", source, ingest_dir(ingest_id))
         if is_committed(self.objects, prefix):
             return False
-        write_shard(self.objects, prefix, table)
+        self._write(prefix, table)
         return True
 
     def read_expert(self) -> pa.Table:
         """Every stored demonstration: gold answers and ingested ones (cached)."""
         if self._expert is None:
-            self._expert = read_committed(self.objects, self.key("experiences", "expert"), SCHEMA, conform=conform)
+            self._expert = read_committed(self.objects, self.key("experiences", "expert"), SCHEMA,
+                                          conform=self._as_experiences)
         return self._expert
 
     def read_human(self) -> pa.Table:
         """Every stored human-rated response (cached)."""
         if self._human is None:
-            self._human = read_committed(self.objects, self.key("experiences", "human"), SCHEMA, conform=conform)
+            self._human = read_committed(self.objects, self.key("experiences", "human"), SCHEMA,
+                                         conform=self._as_experiences)
         return self._human
 
     def write_quarantine(self, where: int | str, table: pa.Table, part: int = 0) -> str | None:
@@ -214,7 +247,7 @@ class ExperienceStore:
             return None
         if isinstance(where, int):  # a round's, behind its compute
             return self._write_round_shard(self.key("quarantine", round_dir(where)), table, None, part)
-        return write_shard(self.objects, self.key("quarantine", where), table)
+        return self._write(self.key("quarantine", where), table)
 
     # state -----------------------------------------------------------------------------------
     def read_state(self, name: str, default: Any = None) -> Any:
@@ -250,12 +283,17 @@ class ExperienceStore:
         keys = [k for k in committed_shards(self.objects, prefix) if kind != "quarantine" or not k.startswith(failed)]
         try:
             return read_committed(self.objects, prefix, keys=sorted(keys, key=shard_order),
-                                  conform=_as_experiences)
+                                  conform=self._as_experiences)
         except KeyError:
             return pa.table({})
 
+    def picture_keys(self) -> list[str]:
+        """The stored pictures' keys, under the campaign's prefix (``images/<sha256>``)."""
+        return [k.removeprefix(self.key("")) for k in self.objects.list(self.key(IMAGES_DIR, ""))]
+
     def counts(self) -> list[dict[str, Any]]:
-        """Rows per (kind, round, source) for experiences and quarantine, per split for tasks."""
+        """Rows per (kind, round, source) for experiences and quarantine, per split for tasks; the
+        stored pictures (kind ``images``: objects, each shared by the rows that show it)."""
         out = []
         for kind in ("usual", "expert", "human", "quarantine", "failed"):
             table = self.read_kind(kind)
@@ -268,6 +306,9 @@ class ExperienceStore:
             out += sorted(({"kind": kind, "round": r, "source": s or "tasks", "rows": n} for r, s, n in zip(
                 *(stats.column(c).to_pylist() for c in ("round", "source", "count_all")))),
                 key=lambda d: (d["round"] is None, d["round"] or 0, d["source"]))
+        pictures = self.picture_keys()
+        if pictures:
+            out.append({"kind": "images", "round": None, "source": "store", "rows": len(pictures)})
         for split in ("train", "eval"):
             try:
                 n = self.read_tasks(split).num_rows

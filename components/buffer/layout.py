@@ -15,6 +15,8 @@ Object layout under ``<campaign>/`` (every Parquet shard committed with a marker
     quarantine/round=N/part-*.parquet                  rows that broke the contract, with ``reason``
     quarantine/{tasks,tasks-pipeline,expert,ingest-<hash>}/  bad task rows, demonstrations, ingested rows
     quarantine/failed/round=N/part-*.parquet           the bad rows of a round that failed its contract
+    images/<sha256>                                    a picture rows show (vision tasks), stored once
+                                                       by its content hash; the rows hold the hash and key
     checkpoints/vNNNNNN/                               weights (a Hugging Face model dir), optimizer,
                                                        RNG and buffer state; checkpoint.json commits it
     checkpoints/corrupt/vNNNNNN-<UTC time>/            a checkpoint found corrupt, set aside with

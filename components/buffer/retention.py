@@ -23,6 +23,8 @@ lists what else can go, kind by kind; ``apply`` deletes it. The rule for each ki
   (``retention.after_campaign``) keep them for someone to look at. The warm start's own
   checkpoint (``warm_start/``) once a checkpoint after it exists.
 - ``uncommitted`` shards (``part-*.parquet`` with no commit marker: a writer killed mid-shard).
+- ``images`` (``images/<sha256>``): the pictures that no row of a shard left after the above names
+  (every round that showed them deleted, or a writer killed before its shard was committed).
 
 Never deleted: tasksets, demonstrations and human feedback, the state, kept checkpoints, the
 quarantine of tasks, demonstrations and ingested files, and anything in MLflow (registered model
@@ -32,18 +34,22 @@ another process runs the campaign.
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from rftflow.components.buffer.experiences import ExperienceStore
+from rftflow.components.buffer.images import IMAGES_DIR, referenced
 from rftflow.components.buffer.weights import CORRUPT_DIR, WARM_START_DIR, WeightStore
 
 from rftflow.components.buffer.layout import CHECKPOINT_MANIFEST, WEIGHTS_MANIFEST, shard_order
 from rftflow.components.buffer.shards import COMMIT_DIR
 
-KINDS = ("staging", "experiences", "quarantine", "weights", "checkpoints", "uncommitted")
+KINDS = ("staging", "experiences", "quarantine", "weights", "checkpoints", "uncommitted", "images")
 
 
 @dataclass
@@ -188,7 +194,25 @@ def plan(store: ExperienceStore, config: dict[str, Any], *, finished: bool, keep
                 result.deletions["uncommitted"].append(key)
     counted = Counter(k.split("/", 2)[1] for k in result.deletions["uncommitted"])
     result.notes["uncommitted"] = ", ".join(f"{n} under {where}/" for where, n in counted.items())
+    _unseen_pictures(store, keys, result)
     return result
+
+
+def _unseen_pictures(store: ExperienceStore, keys: list[str], result: GcPlan) -> None:
+    """The pictures no shard left after ``result``'s other deletions names go too (read from each
+    such shard's ``images`` column; nothing is read for a campaign without pictures)."""
+    pictures = [k for k in keys if k.startswith(store.key(IMAGES_DIR) + "/")]
+    if not pictures:
+        return
+    going = {k for kind in KINDS for k in result.deletions[kind]}
+    named: set[str] = set()
+    for key in keys:
+        if key.endswith(".parquet") and key not in going:
+            shard = pq.ParquetFile(io.BytesIO(store.objects.get(key)))
+            if "images" in shard.schema_arrow.names:
+                named |= referenced(shard.read(columns=["images"]))
+    result.deletions["images"] = [k for k in pictures if k.removeprefix(store.key("")) not in named]
+    result.notes["images"] = f"kept: {len(pictures) - len(result.deletions['images'])} named by the rows kept"
 
 
 def apply(store: ExperienceStore, gc_plan: GcPlan) -> int:

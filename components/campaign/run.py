@@ -36,6 +36,7 @@ from rftflow.components.campaign.schedule import Phase, Planned, phases, round_s
 from rftflow.components.campaign.stages import Campaign
 from rftflow.components.campaign.steps import StepKey, spec_of
 from rftflow.components.data.report import validation_report
+from rftflow.components.evaluation.shown import answer_tables
 from rftflow.components.campaign.preflight import Preflight, run_name
 from rftflow.components.explore.engines import weights_digest
 from rftflow.components.stopping import StopFlag
@@ -99,6 +100,7 @@ class CampaignRun:
         self.state.mlflow_run_id = self.tracker.run_id
         self.states.write(self.state)
         self.on_warmup_step: Callable[[int, dict[str, float]], None] | None = None  # progress display hook
+        self.answers_shown: dict[int, list[str]] = {}  # round → its held-out answers' MLflow tables (this attempt's)
         self.last_reward: float | None = None
         self.started = time.perf_counter()
         self._committed_at = -math.inf  # when ``_tracked`` last wrote the metrics and the state
@@ -238,9 +240,16 @@ class CampaignRun:
 
     # the steps that the table (``campaign.steps``) runs through this attempt -------------------
     def evaluate(self, round_no: int) -> dict[str, float]:
-        """Held-out accuracy at ``round_no`` (0 = before the rounds), kept in the state."""
-        metrics = self.campaign.evaluate()
+        """Held-out accuracy at ``round_no`` (0 = before the rounds), kept in the state; a few of
+        its answers (``eval.shown_answers`` per taskset) as MLflow tables, ``answers/round-NNNN-<kind>.json``
+        (``evaluation.shown``)."""
+        answers: list | None = [] if self.cfg.eval.shown_answers else None
+        metrics = self.campaign.evaluate(answers=answers)
         self.state.evals[str(round_no)] = metrics["accuracy/held_out"]
+        for kind, columns in answer_tables(answers or (), self.cfg.eval.shown_answers).items():
+            path = f"answers/round-{round_no:04d}-{kind}.json"
+            self.tracker.log_table(columns, path)
+            self.answers_shown.setdefault(round_no, []).append(path)
         return metrics
 
     def checkpoint(self, round_no: int) -> dict[str, Any]:

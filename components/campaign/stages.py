@@ -264,15 +264,17 @@ class Campaign:
         return getattr(self, step.value)(round_no)
 
     # evaluation, checkpoints, what the stages read -------------------------------------------
-    def evaluate(self, tasks: Sequence[Task] | None = None, engine=None) -> dict[str, float]:
+    def evaluate(self, tasks: Sequence[Task] | None = None, engine=None, answers: list | None = None
+                 ) -> dict[str, float]:
         """Greedy accuracy of the explorer's (latest synced) model on the held-out split (or of
-        ``engine`` on ``tasks``): ``evaluation.greedy.held_out`` over each workflow's episodes."""
+        ``engine`` on ``tasks``): ``evaluation.greedy.held_out`` over each workflow's episodes; each
+        task's ``Answer`` into ``answers``."""
         tasks, engine = self.eval_tasks if tasks is None else tasks, engine or self.engine
 
         def evaluate(part: str | None, some: list[Task]) -> dict[str, float]:  # a workflow's greedy episodes
             workflow = self.workflow if part is None else self.workflows[part]
             return workflow.evaluate(engine, some, self.reward_fn, self.cfg.reward.function,
-                                     self.cfg.eval.max_new_tokens)
+                                     self.cfg.eval.max_new_tokens, answers)
 
         return held_out(tasks, evaluate, mixture=bool(self.parts))
 

@@ -4,9 +4,10 @@ Stored as Parquet with ``SCHEMA``; ``source`` is ``explorer`` (usual experiences
 (demonstrations) or ``human`` (feedback). Token lists are unpadded; ``response_mask`` marks the
 tokens the policy is trained on (1) versus tokens it did not produce (0): an episode's response
 is every turn's ids in order, the model's (mask 1) and the environment's or tools' (mask 0).
-A row of a task with images keeps them (``images``: each image's sha256 and encoded bytes, in
-the prompt's order), so the trainer reads the pixels the explorer sampled with, and a stored row
-replays without its taskset.
+A row of a task with images keeps them (``images``: each image's sha256, its key in the store and,
+in memory, its encoded bytes, in the prompt's order), so the trainer reads the pixels the explorer
+sampled with, and a stored row replays without its taskset. In the store a row holds the hash and
+the key only: each picture is one object, however many rows show it (``buffer.images``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 import pyarrow as pa
 
 TURN = pa.struct([("role", pa.string()), ("content", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
-IMAGE = pa.struct([pa.field("sha256", pa.string(), nullable=False), ("data", pa.binary())])
+# key: under the campaign's prefix in the store (``images/<sha256>``); data: the bytes (null as stored)
+IMAGE = pa.struct([pa.field("sha256", pa.string(), nullable=False), ("key", pa.string()), ("data", pa.binary())])
 SCHEMA = pa.schema(
     [
         pa.field("experience_id", pa.string(), nullable=False),
@@ -46,7 +48,7 @@ SCHEMA = pa.schema(
         pa.field("turns", pa.list_(TURN)),
         pa.field("step_rewards", pa.list_(pa.float64())),
         pa.field("domain", pa.string()),
-        # the prompt's images (null for a text task): sha256 of the encoded bytes, and the bytes
+        # the prompt's images (null for a text task): sha256 of the encoded bytes, their key, the bytes
         pa.field("images", pa.list_(IMAGE)),
     ]
 )

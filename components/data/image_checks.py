@@ -62,7 +62,7 @@ def image_problem(data: bytes | pa.Buffer | None, sha256: str | None, bounds: Im
 
 
 def column_problems(column: pa.ChunkedArray, bounds: ImageBounds) -> list[str | None]:
-    """Per row of an experience table's ``images`` column (a list of ``{"sha256", "data"}`` structs):
+    """Per row of an experience table's ``images`` column (a list of ``{"sha256", "key", "data"}`` structs):
     its images' problems joined with ", ", or None. The bytes are read in place (Arrow buffers), and
     bytes equal to ones already hashed are not hashed again."""
     hashed: dict[str, pa.Buffer] = {}
@@ -70,8 +70,8 @@ def column_problems(column: pa.ChunkedArray, bounds: ImageBounds) -> list[str | 
     for row in column.combine_chunks():
         problems = []
         for position, image in enumerate(row.values if row.is_valid else (), start=1):
-            if not image.is_valid:
-                problems.append(f"image #{position}: null")
+            if not image.is_valid or not image["data"].is_valid:  # no picture, or its bytes never read back
+                problems.append(f"image #{position}: null" if not image.is_valid else f"image #{position}: no bytes")
                 continue
             problem = image_problem(image["data"].as_buffer(), image["sha256"].as_py(), bounds, position, None, hashed)
             if problem:

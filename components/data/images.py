@@ -3,8 +3,9 @@ PIL images for a vision-language model's processor.
 
 - A task holds its images in ``metadata["images"]``: a list of ``{"sha256": hex, "data": base64}``
   (JSON, like the rest of a task's metadata), in the order of the prompt's image placeholders.
-- An experience row holds them in its ``images`` column: a list of ``{"sha256", "data"}`` structs
-  (the bytes themselves), so a row can be replayed without its taskset.
+- An experience row holds them in its ``images`` column: a list of ``{"sha256", "key", "data"}``
+  structs, so a row can be replayed without its taskset (in the store, ``data`` is null and the
+  bytes are the object at ``key``, stored once: ``buffer.images``).
 - A task's identity includes its images' hashes (``tasksets.task_id``): one question asked of
   two pictures is two tasks.
 
@@ -38,6 +39,14 @@ def png_bytes(image: Image.Image) -> bytes:
 def digest(data: bytes) -> str:
     """sha256 hex of an image's encoded bytes: its identity."""
     return hashlib.sha256(data).hexdigest()
+
+
+def data_url(data: bytes) -> str:
+    """Encoded image bytes as a ``data:image/<format>;base64,…`` URL (the format read from its header):
+    how an exported row carries its picture, and what a taskset's image entry may be."""
+    with Image.open(io.BytesIO(data)) as image:
+        kind = (image.format or "png").lower()
+    return f"data:image/{kind};base64,{base64.b64encode(data).decode()}"
 
 
 def metadata_entry(data: bytes) -> dict[str, str]:

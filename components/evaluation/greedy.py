@@ -11,11 +11,22 @@ optionally ``reward_of(task)`` naming the reward that scores a task; an episode 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rftflow.components.data.images import images_argument
 from rftflow.components.data.tasksets import Task, by_part
 from rftflow.components.evaluation.verdicts import RewardUnavailable, Score, is_correct
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One held-out task's greedy answer (an episode's final text) and its reward: what an evaluation
+    shows of itself (``shown_answers``)."""
+
+    task: Task
+    text: str
+    reward: float
 
 
 def reward_name_of(task: Task, reward_fn, reward_name: str) -> str:
@@ -41,14 +52,17 @@ def score_all(responses: list[str], tasks: list[Task], reward_fn) -> list[Score]
 
 
 def greedy_scores(engine, tasks: list[Task], reward_fn, max_new_tokens: int,
-                  finished: list[bool] | None = None) -> list[float]:
+                  finished: list[bool] | None = None, texts: list[str] | None = None) -> list[float]:
     """The reward of each task's greedy response, in task order (and, into ``finished``, whether
-    each response ended with EOS within ``max_new_tokens``). A reward that could not be computed
-    raises ``RewardUnavailable``: an evaluation is never scored on a failed sandbox or judge."""
+    each response ended with EOS within ``max_new_tokens``; into ``texts``, the responses). A
+    reward that could not be computed raises ``RewardUnavailable``: an evaluation is never scored
+    on a failed sandbox or judge."""
     groups = engine.generate([t.prompt for t in tasks], **images_argument(tasks), n=1,
                              max_new_tokens=max_new_tokens, greedy=True)
     if finished is not None:
         finished.extend(g[0].finished for g in groups)
+    if texts is not None:
+        texts.extend(g[0].text for g in groups)
     scores = score_all([g[0].text for g in groups], tasks, reward_fn)
     failed = next((s for s in scores if s.value is None), None)
     if failed is not None:
@@ -68,10 +82,15 @@ def accuracy(scores: Sequence[float], finished: Sequence[bool]) -> dict[str, flo
             "accuracy/of_finished": sum(c and f for c, f in zip(correct, finished)) / max(1, sum(finished))}
 
 
-def evaluate(engine, tasks: list[Task], reward_fn, max_new_tokens: int) -> dict[str, float]:
-    """``accuracy`` of one greedy response per held-out task (``greedy_scores``)."""
+def evaluate(engine, tasks: list[Task], reward_fn, max_new_tokens: int,
+             answers: list[Answer] | None = None) -> dict[str, float]:
+    """``accuracy`` of one greedy response per held-out task (``greedy_scores``); each task's
+    ``Answer`` into ``answers``."""
     finished: list[bool] = []
-    scores = greedy_scores(engine, tasks, reward_fn, max_new_tokens, finished)
+    texts: list[str] = []
+    scores = greedy_scores(engine, tasks, reward_fn, max_new_tokens, finished, texts)
+    if answers is not None:
+        answers.extend(map(Answer, tasks, texts, scores))
     return accuracy(scores, finished)
 
 
@@ -80,10 +99,15 @@ def episode_scores(episodes: Sequence[Any], reward_fn, reward_name: str) -> list
     return [reward_of(e.text, e.step_rewards, e.task, reward_fn, reward_name) for e in episodes]
 
 
-def evaluate_episodes(episodes: Sequence[Any], reward_fn, reward_name: str) -> dict[str, float]:
-    """``accuracy`` of greedy episodes, with the model turns and tool calls per episode."""
+def evaluate_episodes(episodes: Sequence[Any], reward_fn, reward_name: str,
+                      answers: list[Answer] | None = None) -> dict[str, float]:
+    """``accuracy`` of greedy episodes, with the model turns and tool calls per episode; each
+    episode's ``Answer`` (its final text) into ``answers``."""
     n = max(1, len(episodes))
-    return {**accuracy(episode_scores(episodes, reward_fn, reward_name), [e.finished for e in episodes]),
+    scores = episode_scores(episodes, reward_fn, reward_name)
+    if answers is not None:
+        answers.extend(Answer(e.task, e.text, s) for e, s in zip(episodes, scores))
+    return {**accuracy(scores, [e.finished for e in episodes]),
             "accuracy/turns_mean": sum(e.model_turns for e in episodes) / n,
             "accuracy/tool_calls": sum(e.tool_calls for e in episodes) / n}
 

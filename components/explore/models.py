@@ -281,7 +281,7 @@ def is_vision_model(path: str) -> bool:
 def check_images(cfg, samples: dict, algorithm) -> None:
     """``ValueError`` in one line when a campaign's tasks have images (``samples``: sample tasks by
     mixture part) that it cannot use: a text model, another engine than ``hf``, another workflow
-    than ``single_turn``, LoRA, or an algorithm with a critic (none of them take images yet)."""
+    than ``single_turn``, or an algorithm with a critic (none of them take images yet)."""
     from rftflow.components.data.images import image_digests
 
     for part, tasks in samples.items():
@@ -294,7 +294,6 @@ def check_images(cfg, samples: dict, algorithm) -> None:
                     (cfg.explorer.engine != "hf", f"explorer.engine {cfg.explorer.engine} samples text only; use hf"),
                     (taskset.workflow != "single_turn",
                      f"workflow {taskset.workflow} takes no images; use single_turn"),
-                    (cfg.model.lora is not None, "model.lora on a vision-language model is not supported yet"),
                     (algorithm.needs_critic, f"algorithm {algorithm.name}'s critic reads no images; use one without "
                      "a critic (grpo, …)")]
         for refused, why in refusals:

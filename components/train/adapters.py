@@ -19,13 +19,20 @@ from transformers import PreTrainedModel
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
 
+# A vision-language model's image encoder and connector (Idefics3 / SmolVLM names): its adapter is on
+# the language side only, so the pictures are seen as the base model sees them
+VISION_SIDE = r"(.*\.)?(vision_model|connector)(\..*)?"
+
+
 def wrap(model: PreTrainedModel, lora) -> PreTrainedModel:
     """``model`` with a new LoRA adapter (``lora``: a ``LoraConfig`` of the campaign's): the base
-    frozen, only the adapter's A and B trainable (B starts at 0, so the policy starts as the base)."""
+    frozen, only the adapter's A and B trainable (B starts at 0, so the policy starts as the base).
+    On a vision-language model, on its language side only (``VISION_SIDE`` excluded)."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=lora.target_modules, task_type="CAUSAL_LM")
+                        target_modules=lora.target_modules, task_type="CAUSAL_LM",
+                        exclude_modules=VISION_SIDE if hasattr(model.config, "vision_config") else None)
     with _quiet():
         return get_peft_model(model, config)
 

@@ -103,7 +103,17 @@ def test_one_artifact_card_per_kind_and_a_link_to_the_mlflow_run_in_the_training
                         rf"/#/experiments/\d+/runs/{run_id}/model-metrics\?workflowType=machine_learning\)",
                         link["data"]), link["data"]  # the run's charts
     (table,) = [a for a in artifacts if a["key"].endswith("-rounds")]
-    assert [r["round"] for r in json.loads(table["data"])] == list(range(13))  # round 0 (before) to 12
+    rows = json.loads(table["data"])
+    assert [r["round"] for r in rows] == list(range(13))  # round 0 (before) to 12
+    # each evaluated round links its answers' table in MLflow (eval.shown_answers: 8 held-out tasks)
+    links = {r["round"]: r["answers"] for r in rows if r["answers"]}
+    experiment = _api(up, f"/runs/get?run_id={run_id}", server="mlflow")["run"]["info"]["experiment_id"]
+    assert links == {r: f"{up['mlflow']}/#/experiments/{experiment}/runs/{run_id}/artifacts/answers/round-{r:04d}-text.json"
+                     for r in (0, 4, 8, 12)}, links
+    with urllib.request.urlopen(f"{up['mlflow']}/get-artifact?path=answers/round-0012-text.json&run_uuid={run_id}",
+                                timeout=30) as response:
+        answers = json.loads(response.read())
+    assert answers["columns"] == ["taskset", "task_id", "prompt", "answer", "reward"] and len(answers["data"]) == 8
 
 
 def test_the_mlflow_experiment_opens_for_training_with_the_headline_charts_first_and_no_fixed_values(up, watched):

@@ -101,10 +101,12 @@ class Workflow(ABC):
         """The reward of each task's greedy episode, in task order (promotion compares these)."""
         return episode_scores(self.greedy_episodes(engine, tasks, max_new_tokens), reward_fn, reward_name)
 
-    def evaluate(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> dict[str, float]:
+    def evaluate(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int,
+                 answers: list | None = None) -> dict[str, float]:
         """Greedy episodes on ``tasks`` (``evaluation.greedy.evaluate_episodes``): the share correct, the
-        mean reward, the share that finished, the model turns and tool calls per episode."""
-        return evaluate_episodes(self.greedy_episodes(engine, tasks, max_new_tokens), reward_fn, reward_name)
+        mean reward, the share that finished, the model turns and tool calls per episode; each
+        episode's ``Answer`` into ``answers``."""
+        return evaluate_episodes(self.greedy_episodes(engine, tasks, max_new_tokens), reward_fn, reward_name, answers)
 
 
 def episode_metrics(infos: list[dict]) -> dict[str, float]:

@@ -35,8 +35,9 @@ class SingleTurn(Workflow):
     def expert_table(self, engine, tasks: list[Task], *, campaign: str, limit: int | None = None) -> pa.Table:
         return explorer.expert_demonstrations(engine, tasks, campaign=campaign, limit=limit)
 
-    def evaluate(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> dict[str, float]:
-        return greedy.evaluate(engine, tasks, reward_fn, max_new_tokens)
+    def evaluate(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int,
+                 answers: list | None = None) -> dict[str, float]:
+        return greedy.evaluate(engine, tasks, reward_fn, max_new_tokens, answers)
 
     def greedy_scores(self, engine, tasks: list[Task], reward_fn, reward_name: str, max_new_tokens: int) -> list[float]:
         return greedy.greedy_scores(engine, tasks, reward_fn, max_new_tokens)

@@ -165,9 +165,10 @@ def test_what_cannot_take_images_refuses_them_in_one_line(tiny, tiny_vlm, tasks)
     algorithm = CampaignConfig().algorithm.resolve()
     base = {"taskset": {"source": "builtin:vision"}, "model": {"path": "builtin:tiny-vlm"}}
     check_images(CampaignConfig.model_validate(base), {None: tasks[:1]}, algorithm)  # fine
+    check_images(CampaignConfig.model_validate({**base, "model": {**base["model"], "lora": {"rank": 4}}}),
+                 {None: tasks[:1]}, algorithm)  # LoRA on its language side: fine too
     for change, why in (({"model": {"path": "builtin:tiny"}}, "model.path builtin:tiny is a text model"),
-                        ({"explorer": {"engine": "vllm"}}, "explorer.engine vllm samples text only"),
-                        ({"model": {"path": "builtin:tiny-vlm", "lora": {"rank": 4}}}, "model.lora")):
+                        ({"explorer": {"engine": "vllm"}}, "explorer.engine vllm samples text only")):
         with pytest.raises(ValueError, match=f"^taskset builtin:vision has images: {why}"):
             check_images(CampaignConfig.model_validate({**base, **change}), {None: tasks[:1]}, algorithm)
     with pytest.raises(ValueError, match="critic reads no images"):
