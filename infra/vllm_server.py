@@ -131,7 +131,12 @@ def start_server(model_dir: str, *, served_model: str = "model", threads: int = 
     runs inside the engine process (vLLM's ``uni`` executor, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
     rather than in a worker process of its own, whose engine process would busy-wait on it (vLLM's
     shared-memory queue spins for a second after each read) and take a core from the server beside
-    it. None: vLLM's own placement (an engine and a worker process, threads bound by vLLM)."""
+    it. None: vLLM's own placement (an engine and a worker process, threads bound by vLLM). The server
+    takes a request's chat template (``--trust-request-chat-template``): the ``openai`` engine sends
+    its prompts with images in one that renders them as the engine encoded them; it listens on
+    127.0.0.1 only. Its log-probs are of the distribution it samples from (``--logprobs-mode
+    processed_logprobs``: after the temperature and the ``logit_bias`` that keeps a vision model's
+    image placeholder unsampled), as the hf engine records them."""
     import httpx
 
     from rftflow.infra.ports import free_port
@@ -155,7 +160,9 @@ def start_server(model_dir: str, *, served_model: str = "model", threads: int = 
     proc = subprocess.Popen([str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
                              "--model", model_dir, "--host", "127.0.0.1", "--port",
                              str(port), "--served-model-name", served_model, "--dtype", "float32",
-                             "--max-model-len", "256", "--seed", "0", *(["--enforce-eager"] if eager else []), *lora],
+                             "--max-model-len", "256", "--seed", "0", "--trust-request-chat-template",
+                             "--logprobs-mode", "processed_logprobs",
+                             *(["--enforce-eager"] if eager else []), *lora],
                              env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                              preexec_fn=affinity)
     server = Server(f"http://127.0.0.1:{port}", port, proc)

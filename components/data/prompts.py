@@ -38,3 +38,12 @@ def _expanded_ids(processor, text: str, sizes: tuple[tuple[int, int], ...]) -> t
 
     blanks = [Image.new("RGB", size, "white") for size in sizes]
     return tuple(processor(text=[text], images=[blanks])["input_ids"][0])
+
+
+def image_block(processor, size: tuple[int, int]) -> list[int]:
+    """The token ids one image of ``size`` expands into (``encode_image_prompt``'s expansion of one
+    placeholder, without what the tokenizer adds around any text)."""
+    plain = list(processor.tokenizer(processor.image_token)["input_ids"])
+    at = plain.index(processor.image_token_id)
+    expanded = _expanded_ids(processor, processor.image_token, (tuple(size),))
+    return list(expanded[at:len(expanded) - (len(plain) - at - 1)])

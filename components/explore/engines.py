@@ -11,10 +11,11 @@ the engine holds the weights itself, ``holds(weights, names)``, which the sync c
 - ``hf``: a transformers model in this process, a batched decode loop with a KV cache; a
   vision-language model (``models.load_processor``) samples with each prompt's images (``images``:
   a list of PIL images per prompt), whose pixels go into the prefill.
-- ``openai``: OpenAI-compatible completions servers (``vllm serve``; one, or a pool of replicas), over HTTP.
+- ``openai``: OpenAI-compatible completions servers (``vllm serve``; one, or a pool of replicas), over HTTP;
+  a prompt with images goes to ``/v1/chat/completions`` with them as ``image_url`` content parts.
 - ``vllm``: vLLM in this process, on a GPU (a LoRA policy's adapter loaded as vLLM's LoRA).
 
-The ``openai`` and ``vllm`` engines take no images yet (``ValueError`` naming the engine).
+The ``vllm`` engine takes no images yet (``ValueError`` naming the engine).
 
 Sampling draws from the full distribution at ``temperature`` (no top-k/top-p), so the recorded
 log-probs log softmax(logits / temperature)[token] are the behaviour policy's; a response ends at
@@ -38,13 +39,17 @@ import torch
 from safetensors.torch import save_file
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from rftflow.components.data.images import pixel_inputs, suppressed_ids
-from rftflow.components.data.prompts import encode_image_prompt, encode_prompt
+from rftflow.components.data.images import data_url, png_bytes, pixel_inputs, suppressed_ids
+from rftflow.components.data.prompts import encode_image_prompt, encode_prompt, image_block
 from rftflow.components.explore.decode import decode_steps, forget_fused, prefill
 from rftflow.components.explore.server_pool import Replica, ServerPool
 
 
 ADAPTER_NAME = "rftflow-policy"  # the name a server that loads LoRA adapters serves the policy's under
+# the chat template an image prompt is sent with: its text parts as they are, so the server tokenises the
+# prompt the engine encoded (its image placeholders in place), whatever the model's own template
+VERBATIM_TEMPLATE = "{% for m in messages %}{% for p in m['content'] %}{% if p['type'] == 'text' %}" \
+                    "{{ p['text'] }}{% endif %}{% endfor %}{% endfor %}"
 
 
 @dataclass
@@ -216,11 +221,22 @@ class OpenAIRolloutEngine:
     ``VLLM_SERVER_DEV_MODE=1`` for vLLM's ``/collective_rpc`` endpoint. A LoRA policy's adapter is
     loaded instead of merged weights where the servers can (``load_adapter``). The newest synced
     files stay until the next sync replaces them: a replica that comes back reads them.
+
+    A prompt with images (a vision-language model's: ``processor``) cannot go as token ids: it goes
+    to ``/v1/chat/completions``, one request per prompt, as one user message of the images
+    (``image_url`` parts, PNG data URLs) and the prompt's text with one image placeholder per image,
+    rendered by ``VERBATIM_TEMPLATE`` (the server must take a request's chat template: vLLM's
+    ``--trust-request-chat-template``). The server's ``prompt_token_ids`` must be the engine's ids
+    (``ValueError`` where they are not, so a row never holds a context the server did not sample from);
+    the sampled ids and log-probs come back as from ``/v1/completions``.
     """
 
     def __init__(self, base_urls: str | Sequence[str], served_model: str, tokenizer: PreTrainedTokenizerBase, *,
-                 batch_size: int = 256, chat_template: bool = False, timeout: float = 600.0):
-        self.served_model, self.tokenizer = served_model, tokenizer
+                 batch_size: int = 256, chat_template: bool = False, timeout: float = 600.0, processor=None):
+        self.served_model, self.tokenizer, self.processor = served_model, tokenizer, processor
+        # never sampled (a vision model's image placeholder), as the hf engine: a bias of -100 (vLLM's
+        # floor), its share of the distribution e^-100 of the others', nothing in float32
+        self.never = {str(i): -100 for i in suppressed_ids(processor)} if processor is not None else {}
         self.batch_size, self.chat_template = batch_size, chat_template
         self.pool = ServerPool([base_urls] if isinstance(base_urls, str) else list(base_urls), timeout)
         self.only: Replica | None = None  # a view pinned to one replica (``pinned``) asks it alone
@@ -242,13 +258,19 @@ class OpenAIRolloutEngine:
         return views
 
     def encode(self, prompt: str, images: Sequence = ()) -> list[int]:
-        text_only("openai", images)
-        return encode_prompt(self.tokenizer, prompt, self.chat_template)
+        """The prompt's token ids (with ``images``: the processor's, as the ``hf`` engine's ``encode``)."""
+        if not images:
+            return encode_prompt(self.tokenizer, prompt, self.chat_template)
+        if self.processor is None:
+            raise ValueError(f"the openai engine's model {self.served_model} is a text model: it takes no images "
+                             "(model.path must be a vision-language model, e.g. builtin:tiny-vlm)")
+        return encode_image_prompt(self.processor, prompt, images, self.chat_template)
 
     def generate(self, prompts: list[str], images: Sequence[Sequence] | None = None, **sampling) -> list[list[Rollout]]:
-        """``generate_ids`` on the prompts' encodings."""
-        text_only("openai", images)
-        return self.generate_ids([self.encode(p) for p in prompts], **sampling)
+        """``generate_ids`` on the prompts' encodings (``images``: each prompt's, or None)."""
+        images = images or [()] * len(prompts)
+        return self.generate_ids([self.encode(p, i) for p, i in zip(prompts, images)],
+                                 images=images if any(images) else None, **sampling)
 
     def generate_ids(
         self, encoded: list[list[int]], *, images: Sequence[Sequence] | None = None, n: int = 1,
@@ -257,14 +279,18 @@ class OpenAIRolloutEngine:
         """``n`` responses per prompt of token ids (a group), sampled at ``temperature`` from the
         full distribution (top_k/top_p off), or greedy when ``greedy``. The servers get the ids,
         not text, and return ids: nothing is re-tokenised. The prompts are cut into requests
-        (``ServerPool.requests_for``) that the pool spreads over its replicas."""
-        text_only("openai", images)
+        (``ServerPool.requests_for``) that the pool spreads over its replicas. ``images``: each
+        prompt's (PIL), whose tokens its ids hold; such a prompt is one chat request (``_with_images``)."""
+        if images and any(images):
+            return self._with_images(encoded, images, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                                     greedy=greedy)
         per_request = self.pool.requests_for(len(encoded), self.batch_size // n)
         chunks = [encoded[start:start + per_request] for start in range(0, len(encoded), per_request)]
         model = ADAPTER_NAME if self.adapters else self.served_model
         bodies = [{"model": model, "prompt": chunk, "n": n, "max_tokens": max_new_tokens,
                    "temperature": 0.0 if greedy else temperature, "top_p": 1.0, "top_k": -1, "logprobs": 0,
-                   "return_token_ids": True, "skip_special_tokens": True} for chunk in chunks]
+                   "return_token_ids": True, "skip_special_tokens": True,
+                   **({"logit_bias": self.never} if self.never else {})} for chunk in chunks]
         groups: list[list[Rollout]] = []
         for chunk, answer in zip(chunks, self.pool.complete("/v1/completions", bodies, self.only)):
             choices = sorted(answer["choices"], key=lambda c: c["index"])
@@ -272,9 +298,55 @@ class OpenAIRolloutEngine:
                 groups.append([self._rollout(prompt, c) for c in choices[g * n:(g + 1) * n]])
         return groups
 
-    def _rollout(self, prompt: list[int], choice: dict) -> Rollout:
+    def _with_images(self, encoded: list[list[int]], images: Sequence[Sequence], *, n: int, max_new_tokens: int,
+                     temperature: float, greedy: bool) -> list[list[Rollout]]:
+        """``generate_ids`` of prompts with images: one ``/v1/chat/completions`` request each (a
+        prompt without images among them too), the server's prompt ids checked against the engine's."""
+        model = ADAPTER_NAME if self.adapters else self.served_model
+        sampling = {"model": model, "n": n, "max_tokens": max_new_tokens, "temperature": 0.0 if greedy else temperature,
+                    "top_p": 1.0, "top_k": -1, "logprobs": True, "top_logprobs": 0, "return_token_ids": True,
+                    "skip_special_tokens": True, "chat_template": VERBATIM_TEMPLATE, "add_generation_prompt": False,
+                    "add_special_tokens": False, **({"logit_bias": self.never} if self.never else {})}
+        bodies = [{**sampling, "messages": [{"role": "user", "content": self._content(ids, list(pictures))}]}
+                  for ids, pictures in zip(encoded, images)]
+        groups = []
+        for ids, answer in zip(encoded, self.pool.complete("/v1/chat/completions", bodies, self.only)):
+            served = answer.get("prompt_token_ids") or []
+            if served != ids:
+                at = next((i for i, (a, b) in enumerate(zip(served, ids)) if a != b), min(len(served), len(ids)))
+                raise ValueError(f"the server tokenised an image prompt otherwise than the engine (first at token "
+                                 f"{at} of {len(ids)}: {served[at:at + 4]} for {ids[at:at + 4]}): is it serving "
+                                 f"{self.served_model} with the model's own processor?")
+            choices = sorted(answer["choices"], key=lambda c: c["index"])
+            groups.append([self._rollout(ids, c, [float(t["logprob"]) for t in c["logprobs"]["content"]])
+                           for c in choices])
+        return groups
+
+    def _content(self, ids: list[int], pictures: list) -> list[dict]:
+        """A prompt's chat content: its images as ``image_url`` parts (PNG data URLs), then its text,
+        each image's expanded tokens in ``ids`` folded back into the one placeholder the server expands
+        (``ValueError`` where ``ids`` do not hold an image's tokens in order)."""
+        if not pictures:
+            return [{"type": "text", "text": self.tokenizer.decode(ids, skip_special_tokens=False)}]
+        if self.processor is None:
+            self.encode("", pictures)  # the text-model error
+        folded, at = [], 0
+        for k, picture in enumerate(pictures):
+            block = image_block(self.processor, picture.size)
+            found = next((i for i in range(at, len(ids) - len(block) + 1) if ids[i:i + len(block)] == block), None)
+            if found is None:
+                raise ValueError(f"the prompt's token ids do not hold image {k}'s {len(block)} tokens after token {at}")
+            folded += [*ids[at:found], self.processor.image_token_id]
+            at = found + len(block)
+        text = self.processor.tokenizer.decode(folded + ids[at:], skip_special_tokens=False)
+        return [*({"type": "image_url", "image_url": {"url": data_url(png_bytes(p))}} for p in pictures),
+                {"type": "text", "text": text}]
+
+    def _rollout(self, prompt: list[int], choice: dict, logprobs: list[float] | None = None) -> Rollout:
+        """A choice of ``/v1/completions`` (or of chat completions, its ``logprobs`` read by the caller)."""
         ids = list(choice["token_ids"])
-        logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        if logprobs is None:
+            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
         finished = choice["finish_reason"] == "stop"
         # the server leaves the stop token out of token_ids: the tokenizer's EOS, or the one of the
         # generation config's it names as ``stop_reason``
@@ -505,8 +577,12 @@ def make_engine(explorer, model: PreTrainedModel, tokenizer: PreTrainedTokenizer
     ``explorer.base_url`` (one URL or a list: a pool of replicas), ``vllm`` over the model directory."""
     chat_template = model_config.chat_template
     if explorer.engine == "openai":
+        from rftflow.components.explore.models import load_processor
+
         return OpenAIRolloutEngine(explorer.base_url, explorer.served_model, tokenizer,
-                                   batch_size=explorer.batch_size, chat_template=chat_template)
+                                   batch_size=explorer.batch_size, chat_template=chat_template,
+                                   processor=load_processor(model_config.path,
+                                                            allow_download=model_config.allow_download))
     if explorer.engine == "vllm":
         from rftflow.components.explore.models import model_directory
 

@@ -280,7 +280,7 @@ def is_vision_model(path: str) -> bool:
 
 def check_images(cfg, samples: dict, algorithm) -> None:
     """``ValueError`` in one line when a campaign's tasks have images (``samples``: sample tasks by
-    mixture part) that it cannot use: a text model, another engine than ``hf``, another workflow
+    mixture part) that it cannot use: a text model, the ``vllm`` engine, another workflow
     than ``single_turn``, or an algorithm with a critic (none of them take images yet)."""
     from rftflow.components.data.images import image_digests
 
@@ -291,7 +291,7 @@ def check_images(cfg, samples: dict, algorithm) -> None:
         where = f"mixture part {part} ({taskset.source})" if part else f"taskset {taskset.source}"
         refusals = [(not is_vision_model(cfg.model.path), f"model.path {cfg.model.path} is a text model; use a "
                      "vision-language model (builtin:tiny-vlm, an Idefics3 or SmolVLM directory)"),
-                    (cfg.explorer.engine != "hf", f"explorer.engine {cfg.explorer.engine} samples text only; use hf"),
+                    (cfg.explorer.engine == "vllm", "explorer.engine vllm samples text only; use hf or openai"),
                     (taskset.workflow != "single_turn",
                      f"workflow {taskset.workflow} takes no images; use single_turn"),
                     (algorithm.needs_critic, f"algorithm {algorithm.name}'s critic reads no images; use one without "

@@ -11,7 +11,14 @@ the score / ``max_score``.
 Each request has a timeout and is retried with exponential back-off; a judge that stays down, keeps
 timing out, or answers with no score, a score out of range or two different scores is an
 infrastructure failure (``Score(None, reason)``): the row is quarantined, never scored 0 or 1.
-Results are cached by (prompt, response). The API key is read from the environment variable
+A task with pictures (``metadata["images"]``) is judged with them: the request's one user message is
+the pictures as ``image_url`` content parts (data URLs of their stored bytes, each checked against its
+sha256) and then the prompt as a text part; only ``endpoint: chat`` carries them (``completions``
+refuses such a task: ``ValueError``). The pictures come from the task, never from the response, which
+is only ever text inside the text part; with pictures, every ``<`` in the response is escaped
+(``judge_reply.escape``'s ``tags``), so no placeholder a vision judge reads as an image slot
+(``<image>``, ``<|image_pad|>``, ``<start_of_image>`` …) survives in it.
+Results are cached by (prompt, pictures, response). The API key is read from the environment variable
 ``api_key_env`` and sent only as the request's bearer token: it is never logged or stored
 (``reward.judge`` holds the variable's name, not the key).
 """
@@ -23,6 +30,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from rftflow.components.data.images import data_url, image_digests, task_image_bytes
 from rftflow.components.data.tasksets import Task
 from rftflow.components.verify.judge_reply import Unreadable, guided_regex, judge_prompt, new_nonce, read_score
 from rftflow.components.verify.scores import Score
@@ -50,11 +58,13 @@ class JudgeReward:
                                         timeout=self.settings.timeout_seconds)
         return self._client
 
-    def _request(self, prompt: str) -> str:
+    def _request(self, prompt: str, pictures: list[str]) -> str:
         s = self.settings
         guided = {"structured_outputs": {"regex": guided_regex(s.max_score)}} if s.guided else {}
         if s.endpoint == "chat":
-            body = {"model": s.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            content = [*({"type": "image_url", "image_url": {"url": url}} for url in pictures),
+                       {"type": "text", "text": prompt}] if pictures else prompt
+            body = {"model": s.model, "messages": [{"role": "user", "content": content}], "temperature": 0,
                     "max_tokens": s.max_tokens, **guided}
             reply = self._http().post("/v1/chat/completions", json=body)
             reply.raise_for_status()
@@ -64,11 +74,11 @@ class JudgeReward:
         reply.raise_for_status()
         return reply.json()["choices"][0]["text"] or ""
 
-    def _grade(self, prompt: str) -> Score:
+    def _grade(self, prompt: str, pictures: list[str]) -> Score:
         s, last = self.settings, ""
         for attempt in range(s.retries + 1):
             try:
-                text = self._request(prompt)
+                text = self._request(prompt, pictures)
             except Exception as e:  # noqa: BLE001 — a refused, reset, timed-out or 5xx request: tried again
                 last = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
                 if attempt < s.retries:
@@ -81,12 +91,17 @@ class JudgeReward:
         return Score(None, f"judge {s.base_url} unavailable after {s.retries + 1} tries ({last})")
 
     def _one(self, response: str, task: Task) -> Score:
-        key = (task.prompt, response)
+        key = (task.prompt, *image_digests(task.metadata), response)
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-        prompt = judge_prompt(self.settings.rubric, task.question, task.answer, response, new_nonce())
-        score = self._grade(prompt)
+        pictures = [data_url(data) for data in task_image_bytes(task.metadata)]
+        if pictures and self.settings.endpoint != "chat":
+            raise ValueError(f"task {task.task_id} has {len(pictures)} image(s): reward.judge.endpoint "
+                             f"{self.settings.endpoint} sends no images; use endpoint chat")
+        prompt = judge_prompt(self.settings.rubric, task.question, task.answer, response, new_nonce(),
+                              tags=bool(pictures))
+        score = self._grade(prompt, pictures)
         if score.value is not None:  # a failure is not remembered: the next round asks again
             with self._lock:
                 self._cache[key] = score

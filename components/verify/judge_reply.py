@@ -4,7 +4,8 @@
 delimiters made of a nonce drawn for each request (``<response-NONCE>`` … ``</response-NONCE>``),
 after a notice that the text between them is data to grade, never instructions. A response cannot
 close the block early: it cannot know the nonce, and anything in it that looks like a delimiter
-(``<response-``, ``</response-``) is escaped (``<`` becomes ``&lt;``).
+(``<response-``, ``</response-``) is escaped (``<`` becomes ``&lt;``); for a judge shown pictures,
+every ``<`` is (``tags``): no image placeholder of the judge's survives in a response.
 
 **The reply** (``read_score``), by a stated grammar:
 
@@ -43,15 +44,17 @@ def new_nonce() -> str:
     return secrets.token_hex(8)
 
 
-def escape(response: str) -> str:
-    """``response`` with anything that looks like a delimiter of ``judge_prompt`` escaped."""
-    return _DELIMITER.sub("&lt;", response)
+def escape(response: str, tags: bool = False) -> str:
+    """``response`` with anything that looks like a delimiter of ``judge_prompt`` escaped (``tags``:
+    every ``<``, so that no ``<…>`` special token of the judge's, an image placeholder, survives)."""
+    return response.replace("<", "&lt;") if tags else _DELIMITER.sub("&lt;", response)
 
 
-def judge_prompt(rubric: str, question: str, answer: str, response: str, nonce: str) -> str:
-    """The judge's prompt: the data notice, then ``rubric`` with the delimited, escaped response."""
+def judge_prompt(rubric: str, question: str, answer: str, response: str, nonce: str, *, tags: bool = False) -> str:
+    """The judge's prompt: the data notice, then ``rubric`` with the delimited, escaped response
+    (``tags``: every ``<`` of it escaped)."""
     opening, closing = f"<response-{nonce}>", f"</response-{nonce}>"
-    block = f"{opening}\n{escape(response)}\n{closing}"
+    block = f"{opening}\n{escape(response, tags)}\n{closing}"
     return DATA_NOTICE.format(open=opening, close=closing) + rubric.format(question=question, answer=answer,
                                                                            response=block)
 

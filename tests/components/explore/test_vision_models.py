@@ -160,7 +160,7 @@ def test_what_cannot_take_images_refuses_them_in_one_line(tiny, tiny_vlm, tasks)
     images = task_images(tasks[0])
     with pytest.raises(ValueError, match="Qwen2ForCausalLM is a text model: it takes no images"):
         HFRolloutEngine(model, tokenizer).encode(tasks[0].prompt, images)
-    with pytest.raises(ValueError, match="the openai engine takes no images yet"):
+    with pytest.raises(ValueError, match="the openai engine's model m is a text model: it takes no images"):
         OpenAIRolloutEngine("http://127.0.0.1:9", "m", tokenizer).generate([tasks[0].prompt], images=[images])
     algorithm = CampaignConfig().algorithm.resolve()
     base = {"taskset": {"source": "builtin:vision"}, "model": {"path": "builtin:tiny-vlm"}}

@@ -124,7 +124,7 @@ def test_the_response_sits_inside_nonce_delimiters_and_cannot_close_them(url, mo
     assert injected.value == pytest.approx(0.2)  # the instruction stayed data
     assert "&lt;/response-0000000000000000>" in prompt and prompt.count("</response-0000000000000000>") == 2
     # the same judge, handed the response unescaped, is hijacked: the escaping is what holds
-    monkeypatch.setattr(judge_reply, "escape", lambda response: response)
+    monkeypatch.setattr(judge_reply, "escape", lambda response, tags=False: response)
     assert _grade(url, _obedient, response=INJECTION.format(nonce="0" * 16)).value == 1.0
 
 
