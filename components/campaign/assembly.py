@@ -25,7 +25,7 @@ from rftflow.components.buffer.weights import WeightStore
 from rftflow.components.config import CampaignConfig, Mode
 from rftflow.components.data.tasksets import Task
 from rftflow.components.evaluation.greedy import Answer, held_out
-from rftflow.components.explore.engines import decoding, make_engine
+from rftflow.components.explore.engines import make_engine
 from rftflow.components.explore.models import load_model, load_processor
 from rftflow.components.explore.sync import MemoryWeightSync, StoreWeightSync
 from rftflow.components.explore.workflows import make_workflow
@@ -137,19 +137,6 @@ def held_out_evaluation(cfg: CampaignConfig, workflow, workflows: dict[str, Any]
         return held_out(tasks, episodes, mixture=bool(cfg.mixture))
 
     return evaluate
-
-
-def trainer_accuracy(cfg: CampaignConfig, evaluate: Evaluate, trainer: Trainer,
-                     tokenizer) -> Callable[[list[list[Task]]], float]:
-    """``lowest(groups)``: the greedy accuracy (``evaluate``) of the trainer's own weights (no sync:
-    the explorer keeps what it holds), decoded as the explorer's ``hf`` engine decodes; the lowest
-    over ``groups`` (the warm start's ``warmup_until`` check)."""
-
-    def lowest(groups: list[list[Task]]) -> float:
-        with decoding(trainer.unwrapped, cfg.explorer, tokenizer, cfg.model) as engine:
-            return min(evaluate(group, engine)["accuracy/held_out"] for group in groups)
-
-    return lowest
 
 
 def follow_trainer(cfg: CampaignConfig) -> None:

@@ -34,6 +34,7 @@ from rftflow.components.campaign.schedule import ROUND, Step, needed_version, sy
 from rftflow.components.config import CampaignConfig
 from rftflow.components.data.report import ValidationLog
 from rftflow.components.data.tasksets import Task, tasks_from_table
+from rftflow.components.explore.engines import decoding
 from rftflow.components.explore.round import ExploreRound
 from rftflow.components.explore.sync import SyncCheck
 from rftflow.components.stopping import StopFlag, wait_until
@@ -91,9 +92,9 @@ class Campaign:
             dynamic_sampling=self.algorithm.dynamic_sampling, leases=self.leases, settle=self._settle)
         self.held_out = assembly.held_out_evaluation(cfg, self.workflow, self.workflows, self.reward_fn)
         if self.trainer:
-            lowest = assembly.trainer_accuracy(cfg, self.held_out, self.trainer, self.tokenizer)
             self.warm = WarmStart(self.trainer, self.sampler, self.weight_store, cfg.trainer, base=cfg.model.path,
-                                  stop=self.stop, train_tasks=lambda: self.train_tasks, lowest_accuracy=lowest)
+                                  stop=self.stop, train_tasks=lambda: self.train_tasks,
+                                  lowest_accuracy=self.trainer_accuracy)
             self.checkpoints = Checkpoints(self.trainer, self.sampler, self.store, self.weight_store, self.weights,
                                            self.validation, tokens=self.processor or self.tokenizer,
                                            base=cfg.model.path, explorer_state=self.has_explorer)
@@ -200,6 +201,12 @@ class Campaign:
         """Greedy accuracy of the explorer's (latest synced) model on the held-out split, or of ``engine``
         on ``tasks`` (``assembly.held_out_evaluation``); each task's ``Answer`` into ``answers``."""
         return self.held_out(self.eval_tasks if tasks is None else tasks, engine or self.engine, answers)
+
+    def trainer_accuracy(self, groups: list[list[Task]]) -> float:
+        """The warm start's check: the greedy accuracy (``evaluate``) of the trainer's own weights (no
+        sync: the explorer keeps what it holds), decoded as the ``hf`` engine decodes; the lowest over ``groups``."""
+        with decoding(self.trainer.unwrapped, self.cfg.explorer, self.tokenizer, self.cfg.model) as engine:
+            return min(self.evaluate(group, engine)["accuracy/held_out"] for group in groups)
 
     def checkpoint(self, round_no: int, out: Path, **meta: Any) -> dict[str, Any]:
         """``Checkpoints.write``: everything needed to continue after ``round_no``; its manifest."""
