@@ -39,7 +39,7 @@ def follow(cfg) -> None:
     (were this one to leave first, rank 0's update would fail half-way). Rank 0 gone: one line, exit 1."""
     import torch.distributed as dist
 
-    from rftflow.components.campaign.stages import follow_trainer
+    from rftflow.components.campaign.assembly import follow_trainer
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -42,18 +42,20 @@ SMALL = ("rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup
          "buffer.expert_per_round=8")
 
 
-# The longest modules first, longest to shortest (`pytest --durations=80` summed per module; 1.5 to
-# 12 minutes each on 2 cores): under `-n 2 --dist loadfile` (pyproject) a module runs on one worker,
-# and one of these started last would leave the other worker idle at the end
-LONGEST_FIRST = ("components/train/test_learning.py", "flows/test_failures.py", "flows/test_kill_resume.py",
-                 "tests/test_benchmarks.py", "flows/test_deployments.py", "flows/test_stops.py",
-                 "flows/test_interrupts.py", "flows/test_user_failures.py", "tests/test_walkthrough.py",
-                 "flows/test_attempts.py",
-                 "flows/test_monitoring.py", "flows/test_trainer_processes.py", "components/explore/test_server_pool.py",
-                 "components/test_real_model.py", "components/train/test_data_parallel.py",
-                 "components/explore/test_server_engines.py", "flows/test_reward_campaigns.py",
-                 "flows/test_cli_user.py", "components/explore/test_sampling_as_trl.py", "flows/test_alerts.py",
-                 "flows/test_sharded_explorers.py", "flows/test_servers.py", "tests/test_package.py")
+# The longest modules first, longest to shortest (`pytest --durations=0` summed per module, every module of a
+# minute or more; the test-benchmarks module ~6 to 12 minutes on 2 cores): under `-n 2 --dist loadfile` (pyproject)
+# a module runs on one worker, and one of these started last would leave the other worker idle at the end
+LONGEST_FIRST = ("tests/test_benchmarks.py", "components/train/test_learning.py", "flows/test_trainer_processes.py",
+                 "components/explore/test_server_engines.py", "flows/test_failures.py",
+                 "components/train/test_data_parallel.py", "components/test_real_model.py",
+                 "flows/test_monitoring.py", "flows/test_stops.py", "components/campaign/test_workflow_modes.py",
+                 "flows/test_user_failures.py", "flows/test_kill_resume.py",
+                 "components/explore/test_server_pool.py", "components/explore/test_sampling_as_trl.py",
+                 "flows/test_interrupts.py", "flows/test_cli_user.py", "flows/test_deployments.py",
+                 "flows/test_alerts.py", "flows/test_sharded_explorers.py", "tests/test_package.py",
+                 "flows/test_promotion.py", "flows/test_attempts.py", "tests/test_walkthrough.py",
+                 "flows/test_s3_outage.py", "components/verify/test_judge_and_reward_model.py",
+                 "components/verify/test_laptop_examples.py")
 
 
 # Parts the suite tests that a machine may lack; a run without one fails at its start, naming it,
