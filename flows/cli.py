@@ -198,7 +198,12 @@ def run(
 
         _collector_on()
         cfg = checked.cfg
-        prefect_api_ready()
+        from rftflow.flows.prefect_api import PrefectAPIUnavailable
+
+        try:
+            prefect_api_ready()
+        except PrefectAPIUnavailable as e:  # nothing was run: the same command starts the campaign again
+            _fail(str(e), EXIT_FAILED)
         campaign.AT_ONCE = at_once
         with campaign.handing_over(checked, restart, settings):  # checked once: the flow takes it as it is
             state = rft_campaign(cfg.model_dump(mode="json"), str(checked.run_dir), restart=restart,

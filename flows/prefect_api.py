@@ -101,6 +101,10 @@ def quiet_retried_flush() -> None:
 PORT_IN_USE = 3  # uvicorn's exit status when its port was taken meanwhile
 
 
+class PrefectAPIUnavailable(RuntimeError):
+    """The embedded Prefect API server exited or did not answer in time; the message says which."""
+
+
 class EmbeddedServer:
     """The uvicorn process of the embedded API, launched at construction; ``ready`` waits for it."""
 
@@ -131,18 +135,22 @@ class EmbeddedServer:
 
     def ready(self) -> str:
         """Wait until the server answers ``/health`` (at most ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``);
-        its API URL. A server that exits first raises ``RuntimeError`` with its exit status."""
+        its API URL. A server that exits first, or that does not answer in time, raises ``PrefectAPIUnavailable``."""
         deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
         while time.monotonic() < deadline:
             if self.process.poll() == PORT_IN_USE:
                 self._launch()
             elif self.process.poll() is not None:
-                raise RuntimeError(f"the embedded Prefect API server exited with status {self.process.returncode}")
+                raise PrefectAPIUnavailable(
+                    f"the embedded Prefect API server exited with status {self.process.returncode}")
             elif answers(f"{self.api_url}/health"):
                 return self.api_url
             time.sleep(0.1)
-        raise RuntimeError("timed out waiting for the embedded Prefect API server "
-                           "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+        waited = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+        raise PrefectAPIUnavailable(
+            f"the embedded Prefect API server did not answer within {waited} s "
+            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: a busy machine may need more; or set PREFECT_API_URL "
+            "to a running server)")
 
     def stop(self) -> None:
         """SIGTERM (the recorder writes out its queue), SIGKILL after 5 s."""

@@ -46,7 +46,8 @@ SMALL = ("rounds=2", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup
 # minute or more; the test-benchmarks module ~6 to 12 minutes on 2 cores): under `-n 2 --dist loadfile` (pyproject)
 # a module runs on one worker, and one of these started last would leave the other worker idle at the end
 LONGEST_FIRST = ("tests/test_benchmarks.py", "components/train/test_learning.py", "flows/test_trainer_processes.py",
-                 "components/explore/test_server_engines.py", "flows/test_failures.py",
+                 "components/explore/test_server_engines.py",
+                 "components/explore/test_server_vision.py", "flows/test_failures.py",
                  "components/train/test_data_parallel.py", "components/test_real_model.py",
                  "flows/test_monitoring.py", "flows/test_stops.py", "components/campaign/test_workflow_modes.py",
                  "flows/test_user_failures.py", "flows/test_kill_resume.py",

@@ -189,3 +189,16 @@ def test_a_failed_run_exits_1_in_one_line_and_nothing_lands_in_the_current_direc
     errors = lines_with(out, "error:")
     assert len(errors) == 1 and "expert demonstrations: 246 of 246 rows (100%) break the contract" in errors[0]
     assert sorted(p.name for p in cwd.iterdir()) == []
+
+
+def test_an_embedded_prefect_api_that_does_not_answer_in_time_fails_in_one_line_naming_the_setting(cli_env, tmp_path):
+    """A machine too busy for the embedded Prefect API to come up within its startup budget: one line
+    naming the setting, exit 1, no traceback; nothing ran, so the same command starts the campaign."""
+    embedded = {k: v for k, v in cli_env.items() if k != "PREFECT_API_URL"}  # the default: its own Prefect server
+    embedded |= {"HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "home" / ".prefect"),
+                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0"}
+    code, out = run_to_end(_run_args(tmp_path / "run", "name=busy"), env=embedded)
+    assert code == 1 and "Traceback" not in out, out[-3000:]
+    errors = lines_with(out, "error:")
+    assert len(errors) == 1 and "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in errors[0], out[-3000:]
+    assert "did not answer within 0 s" in errors[0]
