@@ -49,6 +49,7 @@ LONGEST_FIRST = ("tests/test_benchmarks.py", "components/train/test_learning.py"
                  "components/explore/test_server_engines.py",
                  "components/explore/test_server_vision.py", "flows/test_failures.py",
                  "components/train/test_data_parallel.py", "components/test_real_model.py",
+                 "components/test_real_skill_configs.py",
                  "flows/test_monitoring.py", "flows/test_stops.py", "components/campaign/test_workflow_modes.py",
                  "flows/test_user_failures.py", "flows/test_kill_resume.py",
                  "components/explore/test_server_pool.py", "components/explore/test_sampling_as_trl.py",
