@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.server
-import json
-import threading
-
 import pytest
 from PIL import Image
 
@@ -19,6 +15,7 @@ from rftflow.components.config import JudgeRewardConfig
 from rftflow.components.data.images import metadata_entry, png_bytes
 from rftflow.components.data.tasksets import Task
 from rftflow.components.verify.judge import JudgeReward
+from tests.components.verify.test_judge_reply import _Judge, url  # noqa: F401 — its scripted judge server
 
 
 def _task(color: str) -> Task:
@@ -27,34 +24,8 @@ def _task(color: str) -> Task:
                 {"images": [entry]})
 
 
-class _Judge(http.server.BaseHTTPRequestHandler):
-    """Answers each chat request with "Score: 7/10"; keeps each request's body."""
-
-    bodies: list[dict] = []
-
-    def do_POST(self):  # noqa: N802 — http.server's name
-        type(self).bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        data = json.dumps({"choices": [{"message": {"content": "Score: 7/10"}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def url():
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-
-
 def _judged(url: str, responses: list[str], tasks: list[Task], **settings) -> tuple[list, list[dict]]:
-    _Judge.bodies = []
+    _Judge.reply, _Judge.bodies = staticmethod(lambda prompt: "Score: 7/10"), []
     settings = {"base_url": url, "model": "m", "retries": 0, "endpoint": "chat", **settings}
     judge = JudgeReward(JudgeRewardConfig(**settings))
     try:
@@ -106,7 +77,7 @@ def test_the_cache_tells_two_pictures_apart_and_completions_refuse_pictures(url)
     assert red.prompt == green.prompt and red.metadata != green.metadata
     judge = JudgeReward(JudgeRewardConfig(base_url=url, model="m", retries=0, endpoint="chat"))
     try:
-        _Judge.bodies = []
+        _Judge.reply, _Judge.bodies = staticmethod(lambda prompt: "Score: 7/10"), []
         judge.score_many(["red"], [red])
         judge.score_many(["red"], [green])  # the same prompt and response, another picture: asked
         judge.score_many(["red", "red"], [red, green])  # both from the cache
