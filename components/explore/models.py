@@ -116,8 +116,7 @@ def build_builtin(name: str, out_dir: Path, seed: int = 0) -> Path:
         vocab_size=len(tokenizer), tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **BUILTIN_SPECS[name],
     )
-    torch.manual_seed(seed)
-    return _publish(out_dir, Qwen2ForCausalLM(config), tokenizer)
+    return _publish(out_dir, _seeded(seed, Qwen2ForCausalLM, config), tokenizer)
 
 
 def build_builtin_vision(name: str, out_dir: Path, seed: int = 0) -> Path:
@@ -142,8 +141,16 @@ def build_builtin_vision(name: str, out_dir: Path, seed: int = 0) -> Path:
         text_config=dict(model_type="llama", vocab_size=len(tokenizer), tie_word_embeddings=True, **ids,
                          **spec["text"]),
         tie_word_embeddings=True, **ids)
-    torch.manual_seed(seed)
-    return _publish(out_dir, Idefics3ForConditionalGeneration(config), processor)
+    return _publish(out_dir, _seeded(seed, Idefics3ForConditionalGeneration, config), processor)
+
+
+def _seeded(seed: int, model_class: type[PreTrainedModel], config) -> PreTrainedModel:
+    """``model_class(config)`` with its random weights drawn from ``seed``, leaving the caller's torch RNG as it
+    was: a campaign seeds torch before it loads its model, and a build on a cache miss must not reseed it (the
+    same seed gave a different campaign depending on whether the model was already built)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return model_class(config)
 
 
 def _publish(out_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Path:

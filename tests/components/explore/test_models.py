@@ -65,3 +65,21 @@ def test_processes_of_a_process_group_build_a_builtin_model_at_once_into_a_whole
     assert done.stdout.count("parameters") == 2
     built = list((tmp_path / "cache").glob("builtin-tiny-*"))
     assert len(built) == 1 and (built[0] / "config.json").is_file() and (built[0] / "model.safetensors").is_file()
+
+
+def test_building_a_builtin_model_draws_its_weights_from_its_seed_and_leaves_the_callers_rng_alone(tmp_path):
+    """A campaign seeds torch, then loads its model: a build on a cache miss must not reseed torch, or
+    the same campaign seed gives another run depending on whether the model was already built."""
+    import torch
+    from safetensors.torch import load_file
+
+    from rftflow.components.explore.models import build_builtin
+
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    first = build_builtin("tiny", tmp_path / "a", seed=7)
+    assert torch.equal(torch.rand(4), expected)  # the caller's stream goes on as if nothing was built
+    second = build_builtin("tiny", tmp_path / "b", seed=7)
+    weights_a, weights_b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
