@@ -6,12 +6,13 @@ campaign can record that it stopped. ``booting_prefect_api`` starts the same ser
 command of Prefect's ``SubprocessASGIServer``, on ``PREFECT_HOME``'s database, so ``prefect server
 start`` later shows every run) in a session of its own (``setsid``: signals to the terminal's
 group do not reach it; this process stops it when done), with the kernel told to end it when this
-process ends, whatever ends it (Linux's ``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is), under
-Linux's ``SCHED_IDLE`` policy (elsewhere at nice 10): recording a task run's events costs the server
-CPU, which at normal priority is taken from the campaign's compute on a small machine. Even at
-nice 10 or 19 a busy neighbour slows a multi-threaded torch step on a small machine; under
-``SCHED_IDLE`` it gives way as soon as a campaign thread wakes, and catches up when the cores are
-free.
+process ends, whatever ends it (Linux's ``PR_SET_PDEATHSIG``; elsewhere it is stopped at exit, as Prefect's is).
+It boots at normal priority and, once it answers, runs under Linux's ``SCHED_IDLE`` policy (elsewhere
+at nice 10): recording a task run's events costs the server CPU, which at normal priority is taken
+from the campaign's compute on a small machine. Even at nice 10 or 19 a busy neighbour slows a
+multi-threaded torch step on a small machine; under ``SCHED_IDLE`` it gives way as soon as a
+campaign thread wakes, and catches up when the cores are free. Booted under ``SCHED_IDLE``, it got no
+CPU at all while other work kept both cores busy, and missed its startup deadline.
 
 It boots in the background (seconds; longer on a new ``PREFECT_HOME``) while this process does its
 own start-up (preflight, model), and is waited for when the flow starts: Prefect's
@@ -44,7 +45,7 @@ from functools import cache
 import prefect
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
-from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+from prefect.settings import (PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
                               get_current_settings, temporary_settings)
 
 from rftflow.flows.servers import answers
@@ -61,10 +62,6 @@ except (OSError, AttributeError):  # not Linux: the atexit stop is what remains
     pass
 if os.getppid() != int(os.environ["RFTFLOW_PREFECT_PARENT"]):
     sys.exit(0)
-try:  # Linux: run only on a core the campaign leaves idle
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-except (AttributeError, OSError):
-    os.nice(10)
 from rftflow.flows.prefect_api import quiet_retried_flush
 quiet_retried_flush()
 from uvicorn.main import main
@@ -115,6 +112,8 @@ class EmbeddedServer:
 
     def _launch(self) -> None:
         self.port = free_port()
+        # the server's database lives there; one whose folder is missing fails at boot with a traceback of its own
+        PREFECT_HOME.value().mkdir(parents=True, exist_ok=True)
         # the command and environment of Prefect's SubprocessASGIServer._run_uvicorn_command, started by _BOOT
         self.process = subprocess.Popen(
             args=[sys.executable, "-c", _BOOT, "--app-dir", str(prefect.__module_path__.parent), "--factory",
@@ -144,6 +143,7 @@ class EmbeddedServer:
                 raise PrefectAPIUnavailable(
                     f"the embedded Prefect API server exited with status {self.process.returncode}")
             elif answers(f"{self.api_url}/health"):
+                self._yield_the_cores()
                 return self.api_url
             time.sleep(0.1)
         waited = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
@@ -151,6 +151,19 @@ class EmbeddedServer:
             f"the embedded Prefect API server did not answer within {waited} s "
             "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: a busy machine may need more; or set PREFECT_API_URL "
             "to a running server)")
+
+    def _yield_the_cores(self) -> None:
+        """Every thread of the booted server under ``SCHED_IDLE`` (the threads it starts later inherit
+        it), run only on a core the campaign leaves idle; where that policy is missing, nice 10."""
+        pid = self.process.pid
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):  # not Linux, or a thread that ended meanwhile
+            try:
+                os.setpriority(os.PRIO_PROCESS, pid, 10)
+            except OSError:
+                pass  # the server exited: the next API call says so
 
     def stop(self) -> None:
         """SIGTERM (the recorder writes out its queue), SIGKILL after 5 s."""
