@@ -15,9 +15,9 @@ A task with pictures (``metadata["images"]``) is judged with them: the request's
 the pictures as ``image_url`` content parts (data URLs of their stored bytes, each checked against its
 sha256) and then the prompt as a text part; only ``endpoint: chat`` carries them (``completions``
 refuses such a task: ``ValueError``). The pictures come from the task, never from the response, which
-is only ever text inside the text part; with pictures, every ``<`` in the response is escaped
+is only ever text inside the text part; with pictures, every ``<`` and ``[`` in the response is escaped
 (``judge_reply.escape``'s ``tags``), so no placeholder a vision judge reads as an image slot
-(``<image>``, ``<|image_pad|>``, ``<start_of_image>`` …) survives in it.
+(``<image>``, ``<|image_pad|>``, ``<start_of_image>``, Pixtral's ``[IMG]`` …) survives in it.
 Results are cached by (prompt, pictures, response). The API key is read from the environment variable
 ``api_key_env`` and sent only as the request's bearer token: it is never logged or stored
 (``reward.judge`` holds the variable's name, not the key).

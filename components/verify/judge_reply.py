@@ -5,7 +5,7 @@ delimiters made of a nonce drawn for each request (``<response-NONCE>`` … ``</
 after a notice that the text between them is data to grade, never instructions. A response cannot
 close the block early: it cannot know the nonce, and anything in it that looks like a delimiter
 (``<response-``, ``</response-``) is escaped (``<`` becomes ``&lt;``); for a judge shown pictures,
-every ``<`` is (``tags``): no image placeholder of the judge's survives in a response.
+every ``<`` and ``[`` is (``tags``): no image placeholder of the judge's survives in a response.
 
 **The reply** (``read_score``), by a stated grammar:
 
@@ -46,8 +46,11 @@ def new_nonce() -> str:
 
 def escape(response: str, tags: bool = False) -> str:
     """``response`` with anything that looks like a delimiter of ``judge_prompt`` escaped (``tags``:
-    every ``<``, so that no ``<…>`` special token of the judge's, an image placeholder, survives)."""
-    return response.replace("<", "&lt;") if tags else _DELIMITER.sub("&lt;", response)
+    every ``<`` and ``[``, so that no special token of the judge's survives, neither an image placeholder
+    in angle brackets (``<image>``, ``<|image_pad|>``) nor in square ones (Pixtral's ``[IMG]``))."""
+    if tags:
+        return response.replace("<", "&lt;").replace("[", "&#91;")
+    return _DELIMITER.sub("&lt;", response)
 
 
 def judge_prompt(rubric: str, question: str, answer: str, response: str, nonce: str, *, tags: bool = False) -> str:
