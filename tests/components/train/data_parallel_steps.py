@@ -1,10 +1,12 @@
 """Trainer updates of builtin:tiny (float64) on fixed batches, for several algorithms, in however
 many processes it is launched in (``accelerate launch --multi_gpu --num_processes P``, or plain
-``python``); rank 0 saves each case's parameters. With ``--fsdp`` the processes shard the model
-(``trainer.fsdp``), and ``resumed:<case>`` is the case saved after its first round and continued
-by a new trainer from the checkpoint (with its reference model or critic). ``--pretrained``: a
-round of SmolLM2-135M-Instruct in float32 instead. Run by ``test_data_parallel.py``, which
-compares 1 and 2 processes."""
+``python``); rank 0 saves each case's parameters under ``plain`` (the model whole in each process).
+With ``--fsdp`` the same processes then run the cases again sharding the model (``trainer.fsdp``),
+saved under ``sharded``. ``resumed:<case>`` is the case saved after its first round and continued
+by a new trainer from the checkpoint (with its reference model or critic). ``--pretrained``: also
+a round of SmolLM2-135M-Instruct in float32 (``pretrained``; sharded only with ``--fsdp``). Run by
+``test_data_parallel.py``, which compares 1 and 2 processes (one launch each: a process's imports
+cost more than its updates)."""
 
 from __future__ import annotations
 
@@ -105,29 +107,37 @@ def pretrained(processes: int, fsdp: bool) -> Trainer:
     return trainer
 
 
+def parameters(trainer: Trainer, case: str, fsdp: bool) -> dict:
+    """The case's parameters (the critic's too) and, with fsdp, the share of the policy this process holds."""
+    params = {case: {name: p.detach().cpu() for name, p in trainer.unwrapped.named_parameters()}}
+    if case == "pretrained" and trainer.processes == 1:
+        params["start"] = trainer.start
+    if fsdp:  # the share of the policy's elements this process holds
+        held = sum(p.to_local().numel() for p in trainer.model.parameters())
+        params[f"{case}.held"] = held / sum(p.numel() for p in trainer.unwrapped.parameters())
+    if trainer.critic is not None:
+        if fsdp:  # the critic's shards gathered (on every process; whole on rank 0)
+            critic = trainer.checkpoint_state()["critic"][0].items()
+        else:
+            critic = trainer.accelerator.unwrap_model(trainer.critic.model).named_parameters()
+        params[case] |= {f"critic.{name}": p.detach().cpu() for name, p in critic}
+    return params
+
+
 def main(out: str, fsdp: bool, real: bool) -> None:
     torch.set_num_threads(1)
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    params = {"processes": processes}
-    for case in ("pretrained",) if real else (*CASES, *(f"resumed:{c}" for c in RESUMED)):
-        if case == "pretrained":
-            trainer = pretrained(processes, fsdp)
-        else:
-            trainer = run(case, processes, fsdp)
-        params[case] = {name: p.detach().cpu() for name, p in trainer.unwrapped.named_parameters()}
-        if case == "pretrained" and processes == 1:
-            params["start"] = trainer.start
-        if fsdp:  # the share of the policy's elements this process holds
-            held = sum(p.to_local().numel() for p in trainer.model.parameters())
-            params[f"{case}.held"] = held / sum(p.numel() for p in trainer.unwrapped.parameters())
-        if trainer.critic is not None:
-            if fsdp:  # the critic's shards gathered (on every process; whole on rank 0)
-                critic = trainer.checkpoint_state()["critic"][0].items()
-            else:
-                critic = trainer.accelerator.unwrap_model(trainer.critic.model).named_parameters()
-            params[case] |= {f"critic.{name}": p.detach().cpu() for name, p in critic}
+    saved = {"processes": processes}
+    cases = (*CASES, *(f"resumed:{c}" for c in RESUMED))
+    for mode in ("plain", "sharded") if fsdp else ("plain",):
+        sharded = mode == "sharded"
+        saved[mode] = {}
+        for case in cases:
+            saved[mode] |= parameters(run(case, processes, sharded), case, sharded)
+        if real and sharded == fsdp:  # SmolLM2 sharded when the processes shard, else whole
+            saved[mode] |= parameters(pretrained(processes, sharded), "pretrained", sharded)
     if int(os.environ.get("RANK", "0")) == 0:
-        torch.save(params, out)
+        torch.save(saved, out)
 
 
 if __name__ == "__main__":

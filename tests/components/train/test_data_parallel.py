@@ -28,13 +28,25 @@ def _launch(out: Path, processes: int, *options: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+PRETRAINED_TEST = "test_two_processes_sharding_a_pretrained_model_make_the_one_process_update"
+
+
 @pytest.fixture(scope="module")
-def parameters(tmp_path_factory):
+def launched(request, tmp_path_factory) -> tuple[dict, dict]:
+    """What 1 process and 2 processes (whole, then sharded) saved: one launch each, with the
+    SmolLM2 round too when its test is among those collected."""
     out = tmp_path_factory.mktemp("data-parallel")
-    _launch(out / "one.pt", 1)
-    _launch(out / "two.pt", 2)
-    _launch(out / "sharded.pt", 2, "--fsdp")
-    return torch.load(out / "one.pt"), torch.load(out / "two.pt"), torch.load(out / "sharded.pt")
+    real = ("--pretrained",) if any(item.name == PRETRAINED_TEST for item in request.session.items) else ()
+    _launch(out / "one.pt", 1, *real)
+    _launch(out / "two.pt", 2, "--fsdp", *real)
+    return torch.load(out / "one.pt"), torch.load(out / "two.pt")
+
+
+@pytest.fixture(scope="module")
+def parameters(launched):
+    one, two = launched
+    return ({"processes": one["processes"], **one["plain"]}, {"processes": two["processes"], **two["plain"]},
+            {"processes": two["processes"], **two["sharded"]})
 
 
 def test_two_processes_make_the_one_process_update(parameters, tiny):
@@ -75,11 +87,9 @@ def test_two_processes_sharding_the_model_make_the_one_process_update(parameters
 
 
 @pytest.mark.slow
-def test_two_processes_sharding_a_pretrained_model_make_the_one_process_update(tmp_path):
-    _launch(tmp_path / "one.pt", 1, "--pretrained")
-    _launch(tmp_path / "sharded.pt", 2, "--pretrained", "--fsdp")
-    ran = torch.load(tmp_path / "one.pt")
-    one, start, sharded = ran["pretrained"], ran["start"], torch.load(tmp_path / "sharded.pt")["pretrained"]
+def test_two_processes_sharding_a_pretrained_model_make_the_one_process_update(launched):
+    ran, two = launched
+    one, start, sharded = ran["plain"]["pretrained"], ran["plain"]["start"], two["sharded"]["pretrained"]
     assert len(one) > 200  # SmolLM2's 30 layers' tensors
     assert max(float((one[k] - start[k]).abs().max()) for k in one) > 1e-6  # the round moved the weights
     assert _differs(one, sharded) < 1e-6  # float32: the order of the sums differs, not the update
