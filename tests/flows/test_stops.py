@@ -31,9 +31,11 @@ from tests.flows.user import ROOT, UserRun, clean, lines_with, run_to_end, sets
 pytestmark = pytest.mark.slow  # eight real runs of the CLI
 
 ROUNDS = 4
-CAMPAIGN = ["rounds=4", "taskset.size=300", "taskset.eval_size=10", "trainer.warmup_steps=150",
-            "trainer.micro_batch_size=16", "explorer.tasks_per_round=4", "explorer.repeat_times=4",
+CAMPAIGN = ["rounds=4", "taskset.size=300", "taskset.eval_size=10", "trainer.micro_batch_size=16",
+            "explorer.tasks_per_round=4", "explorer.repeat_times=4",
             "buffer.expert_per_round=8", "checkpoint.every=2", "eval.every=2", "orchestration.task_runs=stage"]
+# the warm start's steps: long enough to be stopped inside it (the Ctrl-C test); a few where the stop comes later
+WARM_STEPS, FEW_WARM_STEPS = 150, 10
 # how long a run may take to reach what a test waits for: a bound for a loaded machine, never the
 # assertion (where a run stopped is read from its line, not from a clock)
 BOUND = 1800
@@ -59,9 +61,9 @@ def started():
             run.proc.wait()
 
 
-def _args(run_dir, name: str, *extra: str, progress: bool = False) -> list[str]:
+def _args(run_dir, name: str, *extra: str, progress: bool = False, warmup_steps: int = FEW_WARM_STEPS) -> list[str]:
     return ["run", "--run-dir", str(run_dir), *([] if progress else ["--no-progress"]),
-            *sets(*CAMPAIGN, f"name={name}", *extra)]
+            *sets(*CAMPAIGN, f"trainer.warmup_steps={warmup_steps}", f"name={name}", *extra)]
 
 
 def _stopped(code: int, out: str, group: set[int]) -> re.Match:
@@ -108,7 +110,7 @@ def _flow_runs(prefect_home) -> list[str]:
 
 def test_ctrl_c_in_the_warm_start_stops_at_once_and_the_same_command_resumes(embedded_env, tmp_path, started):
     run_dir = tmp_path / "run"
-    args = _args(run_dir, "ctrlc", progress=True)
+    args = _args(run_dir, "ctrlc", progress=True, warmup_steps=WARM_STEPS)
     run = started(UserRun(args, env=embedded_env, tty=True))  # progress bars on, as in a terminal
     run.wait_for("warm start", timeout=BOUND)
     group = family(run.proc.pid)
@@ -117,7 +119,7 @@ def test_ctrl_c_in_the_warm_start_stops_at_once_and_the_same_command_resumes(emb
     code, out = run.finish(BOUND)
     line = _stopped(code, out, group)
     assert line.group(2) == "SIGINT" and re.fullmatch(r"at step \d+ of the warm start", line.group(3))
-    assert int(line.group(3).split()[2]) < 150  # inside the warm start (150 steps), not after it
+    assert int(line.group(3).split()[2]) < WARM_STEPS  # inside the warm start, not after it
     assert line.group(4) == line.group(3).removeprefix("at ")  # the warm start checkpointed where it stopped
     code, out = run_to_end(args, env=embedded_env, tty=True, timeout=BOUND)
     assert code == 0, out[-3000:]
