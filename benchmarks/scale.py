@@ -86,7 +86,7 @@ def explorer_samples_per_second(processes: int, args, work: Path) -> float:
     overrides = [f"rounds={args.rounds}", "trainer.warmup_steps=0", "sync.method=checkpoint",
                  f"sync.offset={args.rounds}", f"algorithm.max_staleness={args.rounds}", f"storage.url={store}",
                  f"explorer.shards={processes}", f"explorer.tasks_per_round={args.tasks}", "threads=1",
-                 f"explorer.max_new_tokens={args.tokens}", f"model.path={args.model}"]
+                 f"explorer.max_new_tokens={args.tokens}", f"model.path={args.model}", *args.sets]
     trainer = Campaign.from_config(CONFIG, work / f"trainer-{processes}", [*overrides, "mode=train"])
     trainer.prepare()
     trainer.warm_start()  # publishes the start weights: the explorers go
@@ -250,6 +250,8 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true", help="trainer: and 2 processes that shard the model")
     parser.add_argument("--smoke", action="store_true", help="the smallest run that prints every table (tests): "
                         "each count once (one eager server), 2 rounds of 4 tasks, one timed call and round")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="explorers: a config override of the campaign (smoke sizes: taskset.size, ...)")
     parser.add_argument("--train-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()

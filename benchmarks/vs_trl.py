@@ -470,7 +470,7 @@ def apart_role(cfg, args) -> dict:
 def side_flow(cfg, args, *more: str) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         sets = [a for o in [*overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads, args.lr,
-                                       real=args.model is not None), *more]
+                                       real=args.model is not None), *args.sets, *more]
                 for a in ("--set", o)]
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "rftflow.flows.cli", "run", str(CONFIG), "--run-dir", run_dir,
@@ -520,12 +520,13 @@ def child(args) -> None:
             f"storage.url={Path(args.store).as_uri()}"] if args.role else []
     engine = ["explorer.engine=vllm"] if args.side == "vllm" else []  # the loop, rollouts on vLLM in this process
     cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed, args.threads,
-                                                         args.lr, real=args.model is not None), *role, *engine])
+                                                         args.lr, real=args.model is not None), *role, *engine,
+                               *args.sets])
     server = [] if not args.base_url else ["explorer.engine=openai", f"explorer.base_url={args.base_url}",
                                            "explorer.served_model=model"]
     if server:
         cfg = load_config(CONFIG, ["name=vs-trl", *overrides(args.model_dir, args.tokens, args.steps, args.seed,
-                                                             args.threads, args.lr, real=True), *server])
+                                                             args.threads, args.lr, real=True), *server, *args.sets])
     if args.side in ("openai", "vllm"):  # the loop, rollouts on the server or on vLLM in this process
         result = side_loop(cfg, args)
     elif args.side == "async":  # the flow in async mode: the next round's rollouts beside this round's training
@@ -559,7 +560,7 @@ def side_command(side: str, model_dir: str, tokens: int, threads: int, args, *ex
             "--steps", str(args.steps), "--seed", str(args.seed), "--threads", str(threads), "--lr", str(args.lr),
             "--prompts", str(PROMPTS), "--group", str(GROUP), *(["--model", args.model] if args.model else []),
             *(["--base-url", args.base_url] if side in ("openai", "async") else []),
-            *extra], env
+            *(a for s in args.sets for a in ("--set", s)), *extra], env
 
 
 def printed(stdout: str, stderr: str, returncode: int, what: str) -> dict:
@@ -593,6 +594,8 @@ def main() -> None:
     parser.add_argument("--accuracy-seeds", metavar="S,S,...",
                         help="instead of timing: TRL and the loop from one start model (--seed's) once per seed "
                              "(the tasks' split and the sampling), accuracy paired by seed")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override of each side's campaign (smoke sizes: taskset.size, ...)")
     parser.add_argument("--side", choices=CHILDREN, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=("train", "explore"), help=argparse.SUPPRESS)

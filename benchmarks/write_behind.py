@@ -37,7 +37,7 @@ def run_rounds(args) -> None:
     torch.set_num_threads(args.threads)
     store = [f"storage.url={args.url}", "storage.addressing_style=path"] if args.url else []
     sets = ["name=write-behind", *overrides("builtin:tiny", 8, args.rounds, 0, args.threads, 1e-4), *store,
-            f"storage.write_behind={args.write_behind}"]
+            f"storage.write_behind={args.write_behind}", *args.sets]
     with tempfile.TemporaryDirectory() as run_dir:
         campaign = Campaign.from_config(CONFIG, run_dir, sets)
         campaign.prepare()
@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--latency-ms", type=float, default=10.0, help="added to each request on s3-latency")
     parser.add_argument("--backends", default="file,s3,s3-latency")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override of each run (smoke sizes: taskset.size, ...)")
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--write-behind", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -76,7 +78,8 @@ def main() -> None:
                     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads),
                            **({"AWS_ENDPOINT_URL": endpoints[backend]} if url else {})}
                     done = subprocess.run([sys.executable, __file__, "--write-behind", behind, "--rounds", str(args.rounds),
-                                           "--threads", str(args.threads), *(["--url", url] if url else [])],
+                                           "--threads", str(args.threads), *(["--url", url] if url else []),
+                                           *(a for s in args.sets for a in ("--set", s))],
                                           capture_output=True, text=True, env=env, cwd=ROOT)
                     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
                     if done.returncode or not lines:

@@ -20,6 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.benchmark]
 ROOT = Path(__file__).resolve().parents[1]
 SETS = [a for s in SMALL for a in ("--set", s)]  # the default campaign cut to a few seconds
 ONE_ROUND = [*SETS, "--set", "rounds=1"]
+# the tasks a few rounds need, where each process would read and check the default campaign's 50,000
+FEW_TASKS = ["--set", "taskset.size=300", "--set", "taskset.eval_size=10"]
 
 # script → (arguments at a smoke size, a text of the table or line it prints at its end)
 SMOKE = {
@@ -49,7 +51,7 @@ SMOKE = {
                       "held-out accuracy  before"),
     "real_skill.py": (["arith-mix", "--seeds", "0", *ONE_ROUND], "McNemar"),
     "rewards.py": (["--problems", "4", "--wrong", "2", "--workers", "2", "--trivial", "2"], "solutions/s"),
-    "scale.py": (["--rollout", "--train", "--smoke"], "| explorer parts | how many"),
+    "scale.py": (["--rollout", "--train", "--smoke", *FEW_TASKS], "| explorer parts | how many"),
     "skipped_work.py": (["--config", "arith-mix", "--prompts", "8", "--rows", "4", "--response-tokens", "8",
                          "--repeats", "1", "--threads", "1"], "weights equal after"),
     "storage.py": (["--rows", "2000", "--shards", "2", "--repeat", "1"], "s3:// (moto)"),
@@ -57,8 +59,9 @@ SMOKE = {
                    "trainer.warmup_steps=2", "--set", "trainer.warmup_until=null", "--set", "explorer.tasks_per_round=2",
                    "--set", "explorer.repeat_times=2", "--set", "threads=1"], '"blanked"'),
     "vs_trl.py": (["--init", "tiny", "--sides", "trl,loop", "--tokens", "4", "--steps", "2", "--repeats", "1",
-                   "--prompts", "2", "--group", "2", "--threads", "1"], "| new tokens | side"),
-    "write_behind.py": (["--rounds", "2", "--repeats", "1", "--threads", "1", "--backends", "s3-latency"],
+                   "--prompts", "2", "--group", "2", "--threads", "1", *FEW_TASKS], "| new tokens | side"),
+    "write_behind.py": (["--rounds", "1", "--repeats", "1", "--threads", "1", "--backends", "s3-latency",
+                         "--latency-ms", "2", *FEW_TASKS],
                         "| s3-latency |"),
 }
 # what a script needs that the test command may not install: script → (module, why it is missing)
