@@ -69,7 +69,9 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_every_time_and_the_campaign_r
     clean(out)
 
 
-WARM = [*SMALL, "rounds=2", "trainer.warmup_steps=200", "trainer.warmup_checkpoint_every=20", "checkpoint.every=1"]
+WARM_STEPS = 100  # the warm start's steps: its first checkpoint (step 20) well before its end
+WARM = [*SMALL, "rounds=2", f"trainer.warmup_steps={WARM_STEPS}", "trainer.warmup_checkpoint_every=20",
+        "checkpoint.every=1"]
 
 
 def _model_sha(run_dir) -> str:
@@ -98,7 +100,7 @@ def test_a_warm_start_killed_part_way_resumes_from_its_checkpoint_to_an_uninterr
     run.interrupt(signal.SIGKILL)
     run.finish()
     store = WeightStore(open_store((cut / "store").as_uri()), "warm")
-    assert store.checkpoints() == [] and 0 < store.warm_starts()[-1]["step"] < 200  # killed in the warm start
+    assert store.checkpoints() == [] and 0 < store.warm_starts()[-1]["step"] < WARM_STEPS  # killed in it
     killed_at = store.warm_starts()[-1]["step"]
     code, out = run_to_end(args, env=cli_env)
     assert code == 0, out[-3000:]
