@@ -8,6 +8,7 @@ import gc
 import importlib
 import importlib.util
 import os
+import resource
 import shutil
 import tempfile
 from pathlib import Path
@@ -116,6 +117,48 @@ def pytest_collection_finish(session):
 
     gc.freeze()
     gc.enable()
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and of every process it has waited for (servers, campaigns)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+_CPU_MARK: list[float] = []
+_CPU_BY_MODULE: dict[str, float] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report carries the CPU-seconds spent since the last one (``cpu_s``), fixtures and the
+    processes they waited for included. Wall time says little on 2 cores shared by two workers: a module's
+    seconds depend on what the other worker runs beside it; CPU-seconds do not."""
+    report = (yield).get_result()
+    now = _cpu_seconds()
+    report.user_properties.append(("cpu_s", now - (_CPU_MARK[-1] if _CPU_MARK else now)))
+    _CPU_MARK[:] = [now]
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if not _CPU_MARK:  # the first test of this process: its CPU counts from here
+        _CPU_MARK.append(_cpu_seconds())
+
+
+def pytest_runtest_logreport(report):
+    """Sum ``cpu_s`` by module (in the controlling process, from every worker's reports)."""
+    module = report.nodeid.split("::")[0]
+    _CPU_BY_MODULE[module] = _CPU_BY_MODULE.get(module, 0.0) + sum(v for k, v in report.user_properties if k == "cpu_s")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The modules' CPU-seconds, largest first (the ones to cut when the suite is too long)."""
+    if not _CPU_BY_MODULE:
+        return
+    ranked = sorted(_CPU_BY_MODULE.items(), key=lambda kv: -kv[1])
+    terminalreporter.write_sep("-", f"CPU-seconds by module: {sum(_CPU_BY_MODULE.values()):.0f} in all")
+    for module, seconds in ranked[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}  {module}")
 
 
 def pytest_unconfigure(config):
