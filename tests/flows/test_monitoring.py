@@ -56,6 +56,10 @@ def _api(up, path: str, body: dict | None = None, server: str = "prefect"):
         return json.loads(response.read() or b"null")
 
 
+ROUNDS, EVAL_EVERY = 6, 3  # the watched campaign: its rounds, and a held-out evaluation every EVAL_EVERY of them
+EVALUATED = list(range(0, ROUNDS + 1, EVAL_EVERY))  # 0 (before) to the last
+
+
 def _flow_runs(up, name_like: str) -> list[dict]:
     return _api(up, "/flow_runs/filter", {"flow_runs": {"name": {"like_": name_like}}})
 
@@ -63,7 +67,8 @@ def _flow_runs(up, name_like: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def watched(up):
     """A campaign in run dir A, its flow run's tags read every 0.2 s while it runs."""
-    args = ["run", "--run-dir", str(up["home"] / "a"), "--no-progress", *sets(*SMALL, "rounds=12", "eval.every=4")]
+    args = ["run", "--run-dir", str(up["home"] / "a"), "--no-progress",
+            *sets(*SMALL, f"rounds={ROUNDS}", f"eval.every={EVAL_EVERY}")]
     run = UserRun(args, env=up["env"])
     seen: list[list[str]] = []
     while run.proc.poll() is None:
@@ -84,11 +89,13 @@ def test_after_up_a_campaign_reports_to_its_servers_with_no_export(up, watched):
 
 
 def test_the_flow_run_tags_say_where_it_is_while_it_runs_and_which_run_it_is(up, watched):
-    rounds = {int(m.group(1)) for tags in watched["seen"] for t in tags if (m := re.fullmatch(r"round (\d+)/12", t))}
-    assert rounds and min(rounds) < 12, watched["seen"][-3:]  # seen mid-campaign, not only at the end
+    rounds = {int(m.group(1)) for tags in watched["seen"] for t in tags
+              if (m := re.fullmatch(rf"round (\d+)/{ROUNDS}", t))}
+    assert rounds and min(rounds) < ROUNDS, watched["seen"][-3:]  # seen mid-campaign, not only at the end
     assert any(t.startswith("accuracy ") for tags in watched["seen"] for t in tags)
     summary, tags = watched["summary"], set(watched["flow_run"]["tags"])
-    assert {f"mlflow {summary['mlflow_run_id']}", "round 12/12", f"reward {summary['reward_mean_last_round']:.3f}",
+    assert {f"mlflow {summary['mlflow_run_id']}", f"round {ROUNDS}/{ROUNDS}",
+            f"reward {summary['reward_mean_last_round']:.3f}",
             f"model {summary['model_name']} v{summary['model_version']} (a/mlflow.db)"} <= tags, tags  # its registry
     assert any(t.startswith("campaign watched-") for t in tags)
 
@@ -104,13 +111,14 @@ def test_one_artifact_card_per_kind_and_a_link_to_the_mlflow_run_in_the_training
                         link["data"]), link["data"]  # the run's charts
     (table,) = [a for a in artifacts if a["key"].endswith("-rounds")]
     rows = json.loads(table["data"])
-    assert [r["round"] for r in rows] == list(range(13))  # round 0 (before) to 12
+    assert [r["round"] for r in rows] == list(range(ROUNDS + 1))  # round 0 (before) to the last
     # each evaluated round links its answers' table in MLflow (eval.shown_answers: 8 held-out tasks)
     links = {r["round"]: r["answers"] for r in rows if r["answers"]}
     experiment = _api(up, f"/runs/get?run_id={run_id}", server="mlflow")["run"]["info"]["experiment_id"]
     assert links == {r: f"{up['mlflow']}/#/experiments/{experiment}/runs/{run_id}/artifacts/answers/round-{r:04d}-text.json"
-                     for r in (0, 4, 8, 12)}, links
-    with urllib.request.urlopen(f"{up['mlflow']}/get-artifact?path=answers/round-0012-text.json&run_uuid={run_id}",
+                     for r in EVALUATED}, links
+    last = f"answers/round-{ROUNDS:04d}-text.json"
+    with urllib.request.urlopen(f"{up['mlflow']}/get-artifact?path={last}&run_uuid={run_id}",
                                 timeout=30) as response:
         answers = json.loads(response.read())
     assert answers["columns"] == ["taskset", "task_id", "prompt", "answer", "reward"] and len(answers["data"]) == 8
@@ -138,7 +146,7 @@ def test_the_mlflow_experiment_opens_for_training_with_the_headline_charts_first
     assert sections[:len(headline)] == headline and headline[0] == "accuracy", sections  # MLflow sorts sections
     history = _api(up, f"/metrics/get-history?run_id={run['info']['run_id']}&metric_key=accuracy/held_out",
                    server="mlflow")["metrics"]
-    assert sorted(m["step"] for m in history) == [0, 4, 8, 12]  # before and after on one chart, from step 0
+    assert sorted(m["step"] for m in history) == EVALUATED  # before and after on one chart, from step 0
 
 
 def _summary_card(up, watched) -> str:
