@@ -8,6 +8,7 @@ the README); without it these tests are skipped, saying so."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401
@@ -24,13 +25,18 @@ BF16_LOGPROB_TOLERANCE = 0.05  # mean, the engine in bfloat16 (vLLM's LoRA kerne
 needs_server = pytest.mark.skipif(not vllm_available(), reason=f"{vllm_problem()} (RFTFLOW_ALLOW_MISSING=vllm)")
 
 
+# the model in the server's engine process, one thread, on any of this process's cores (start_server's ``cores``);
+# vLLM's default placement adds a worker process (two threads here) whose engine busy-waits on it after each read
+ONE_PROCESS = {"cores": f"{min(os.sched_getaffinity(0))}-{max(os.sched_getaffinity(0))}", "threads": 1}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """``vllm serve`` of builtin:tiny on 127.0.0.1 (dev mode: it reloads weights on request)."""
     from rftflow.components.explore.models import resolve_model_path
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with vllm_server(resolve_model_path("builtin:tiny"), served_model="tiny", log=log) as url:
+    with vllm_server(resolve_model_path("builtin:tiny"), served_model="tiny", log=log, **ONE_PROCESS) as url:
         yield url
 
 
@@ -265,7 +271,8 @@ def lora_server(tmp_path_factory):
     from rftflow.components.explore.models import resolve_model_path
 
     log = tmp_path_factory.mktemp("vllm-lora") / "server.log"
-    with vllm_server(resolve_model_path("builtin:tiny"), served_model="tiny", log=log, lora_rank=8) as url:
+    with vllm_server(resolve_model_path("builtin:tiny"), served_model="tiny", log=log, lora_rank=8,
+                     **ONE_PROCESS) as url:
         yield url
 
 
