@@ -117,6 +117,8 @@ def pytest_collection_finish(session):
 
     gc.freeze()
     gc.enable()
+    global _cpu_mark
+    _cpu_mark = _cpu_seconds()  # the tests' CPU counts from here
 
 
 def _cpu_seconds() -> float:
@@ -125,7 +127,7 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-_CPU_MARK: list[float] = []
+_cpu_mark = 0.0  # this process's CPU-seconds at its last test report (or at the end of its collection)
 _CPU_BY_MODULE: dict[str, float] = {}
 
 
@@ -134,15 +136,11 @@ def pytest_runtest_makereport(item, call):
     """Each phase's report carries the CPU-seconds spent since the last one (``cpu_s``), fixtures and the
     processes they waited for included. Wall time says little on 2 cores shared by two workers: a module's
     seconds depend on what the other worker runs beside it; CPU-seconds do not."""
+    global _cpu_mark
     report = (yield).get_result()
     now = _cpu_seconds()
-    report.user_properties.append(("cpu_s", now - (_CPU_MARK[-1] if _CPU_MARK else now)))
-    _CPU_MARK[:] = [now]
-
-
-def pytest_runtest_logstart(nodeid, location):
-    if not _CPU_MARK:  # the first test of this process: its CPU counts from here
-        _CPU_MARK.append(_cpu_seconds())
+    report.user_properties.append(("cpu_s", now - _cpu_mark))
+    _cpu_mark = now
 
 
 def pytest_runtest_logreport(report):
@@ -189,6 +187,18 @@ def _registries_restored():
     for registry, before in saved:
         registry.clear()
         registry.update(before)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Torch's threads as the test found them: a campaign whose config sets ``threads`` (the SmolLM2
+    configs: 2) sets them for the whole process, and this worker's next tests would run at that count
+    beside the other worker on the same cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -15,27 +15,16 @@ SMOKE = ["rounds=2", "taskset.size=300", "taskset.eval_size=4", "explorer.tasks_
          "promotion.after_campaign=false", "checkpoint.keep_last=1"]
 
 
-@pytest.fixture(autouse=True)
-def _torch_threads_restored():
-    """The configs set torch's threads (``threads: 2``) for the whole process: a pytest worker's
-    next modules keep the one thread the suite gave it (two workers share the two cores)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def _rounds(config: str, run_dir, more=(), *, rounds: int = 2, trains: bool = True):
-    """The campaign after its warm start (if it has one) and ``rounds`` rounds (``trains``: each to
-    its update and sync; else explore, verify and buffer), and the rows its explorer stored."""
+def _rounds(config: str, run_dir, more=(), *, trains: bool = True):
+    """The campaign after its warm start (if it has one) and its rounds (``trains``: each to its update
+    and sync; else explore, verify and buffer), and the rows its explorer stored."""
     from rftflow.components.campaign.schedule import ROUND, Step
     from rftflow.components.campaign.stages import Campaign
 
     campaign = Campaign.from_config(config, run_dir, [*SMOKE, *more])
     campaign.prepare()
     campaign.warm_start()
-    for round_no in range(1, rounds + 1):
+    for round_no in range(1, campaign.cfg.rounds + 1):
         for step in ROUND if trains else ROUND[:ROUND.index(Step.TRAIN)]:
             campaign.stage(step, round_no)
     return campaign, campaign.store.read_kind("usual").to_pylist()
@@ -65,7 +54,7 @@ def test_the_code_config_scores_programs_in_the_sandbox_and_explores_groups_with
 
     # one round to its buffer, at one torch thread (the rows, and so the signal, the same alone and in the suite)
     campaign, rows = _rounds("configs/smollm2-code.yaml", tmp_path / "run", ["rounds=1", "threads=1"],
-                             rounds=1, trains=False)
+                             trains=False)
     tasks = campaign.tasks_by_id
     assert all(tasks[row["task_id"]].metadata["tests"].startswith("def check(candidate):") for row in rows)
     rerun = CodeReward(campaign.cfg.reward.code)  # the same programs, run again in fresh sandboxes
