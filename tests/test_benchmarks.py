@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETS = [a for s in SMALL for a in ("--set", s)]  # the default campaign cut to a few seconds
 ONE_ROUND = [*SETS, "--set", "rounds=1"]
 # the tasks a few rounds need, where each process would read and check the default campaign's 50,000
-FEW_TASKS = ["--set", "taskset.size=300", "--set", "taskset.eval_size=10"]
+FEW_TASKS = [a for s in SMALL if s.startswith("taskset.") for a in ("--set", s)]
 
 # script → (arguments at a smoke size, a text of the table or line it prints at its end)
 SMOKE = {
