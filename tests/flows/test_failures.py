@@ -196,8 +196,7 @@ def test_an_embedded_prefect_api_that_does_not_answer_in_time_fails_in_one_line_
     naming the setting, exit 1, no traceback; nothing ran, so the same command starts the campaign."""
     embedded = {k: v for k, v in cli_env.items() if k != "PREFECT_API_URL"}  # the default: its own Prefect server
     embedded |= {"HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "home" / ".prefect"),
-                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0"}
-    (tmp_path / "home").mkdir()
+                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0"}  # a HOME not made yet: rftflow makes it
     code, out = run_to_end(_run_args(tmp_path / "run", "name=busy"), env=embedded)
     assert code == 1 and "Traceback" not in out, out[-3000:]
     errors = lines_with(out, "error:")
