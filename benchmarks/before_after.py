@@ -43,7 +43,7 @@ def run(config: str, overrides: list[str], run_dir: Path) -> dict:
     rounds = time.perf_counter() - began
     after = campaign.evaluate()
     pick = ("accuracy/held_out", "accuracy/finished", "accuracy/of_finished")
-    return {"rounds": campaign.cfg.rounds, "held_out": len(campaign.eval_tasks),
+    return {"rounds": campaign.cfg.rounds, "held_out": len(campaign.splits.eval),
             "before": {k.split("/")[1]: before[k] for k in pick if k in before},
             "after": {k.split("/")[1]: after[k] for k in pick if k in after},
             "reward_first_5": statistics.mean(rewards[:5]), "reward_last_5": statistics.mean(rewards[-5:]),

@@ -43,7 +43,7 @@ def main() -> None:
         campaign.prepare()
         campaign.warm_start()
         workflow, engine = campaign.workflow, campaign.engine
-        tasks = campaign.train_tasks[:args.tasks]
+        tasks = campaign.splits.train[:args.tasks]
         sampling = Sampling(max_new_tokens=campaign.cfg.explorer.max_new_tokens,
                             temperature=campaign.cfg.explorer.temperature)
         n = len(tasks) * args.repeat_times

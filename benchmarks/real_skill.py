@@ -96,7 +96,7 @@ class Clock:
 def greedy_pass(campaign: Campaign) -> tuple[list[bool], list[bool]]:
     """(solved, finished) per held-out task: reward 1 for the greedy answer; it ended within the budget."""
     finished: list[bool] = []
-    scores = greedy.greedy_scores(campaign.engine, campaign.eval_tasks, campaign.reward_fn,
+    scores = greedy.greedy_scores(campaign.engine, campaign.splits.eval, campaign.reward_fn,
                                    campaign.cfg.eval.max_new_tokens, finished)
     return [s >= 1.0 for s in scores], finished
 
@@ -133,7 +133,7 @@ def one_campaign(config: str, seed: int, overrides: list[str], run_dir: Path, cu
                 with clock.charge("sync") if step is Step.SYNC else contextlib.nullcontext():
                     metrics = campaign.stage(step, round_no)
                 if step is Step.VERIFY:
-                    rows = campaign.verified[round_no]
+                    rows = campaign.handover.verified[round_no]
                     rows = rows.filter(rows.column("reason").is_null()) if "reason" in rows.column_names else rows
                     signal += informative_groups(rows)
                     groups += len(set(rows.column("group_id").to_pylist()))

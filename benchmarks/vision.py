@@ -53,7 +53,7 @@ def run(config: str, overrides: list[str], run_dir: Path, at: tuple[int, ...] = 
     campaign.prepare()
     campaign.warm_start()
     warm_s, warm_steps = time.perf_counter() - began, campaign.trainer.steps
-    tasks = campaign.eval_tasks
+    tasks = campaign.splits.eval
     before = solved(campaign, tasks)
     began = time.perf_counter()
     on_the_way = {}  # held-out accuracy after the rounds of ``at`` (measured between rounds, off the clock)

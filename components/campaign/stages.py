@@ -9,8 +9,8 @@ start in ``train.warm_start``, the weight sync and its check in ``explore.sync``
 evaluation in ``evaluation.greedy`` (over the campaign's workflows: ``assembly.held_out_evaluation``),
 checkpoints in ``campaign.checkpoints`` — and the methods here call them with what this campaign
 holds. Explore's rollouts are committed to the store (``staging/``) and read back by verify; verify
-hands its verified rows to buffer in memory, kept until buffer has stored them, so a retried buffer
-has them. Nothing here imports Prefect: the step table (``campaign.steps``) names these methods,
+hands its verified rows to buffer in memory (``campaign.handover``); the taskset splits are read
+from the store once (``data.splits``). Nothing here imports Prefect: the step table (``campaign.steps``) names these methods,
 ``tasks/`` wraps them.
 """
 
@@ -21,19 +21,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
-from rftflow.components.buffer.commit import buffer_round
 from rftflow.components.buffer.experiences import ExperienceStore
 from rftflow.components.buffer.selectors import PassRates
 from rftflow.components.buffer.weights import WeightStore
 from rftflow.components.campaign import assembly
 from rftflow.components.campaign.checkpoints import Checkpoints
+from rftflow.components.campaign.handover import Handover
 from rftflow.components.campaign.preflight import Preflight, preflight
 from rftflow.components.campaign.schedule import ROUND, Step, needed_version, sync_due
 from rftflow.components.config import CampaignConfig
 from rftflow.components.data.report import ValidationLog
-from rftflow.components.data.tasksets import Task, tasks_from_table
+from rftflow.components.data.splits import TaskSplits
+from rftflow.components.data.tasksets import Task
 from rftflow.components.explore.engines import decoding
 from rftflow.components.explore.round import ExploreRound
 from rftflow.components.explore.sync import SyncCheck
@@ -42,7 +41,7 @@ from rftflow.components.train.update import update
 from rftflow.components.train.warm_start import WarmStart
 from rftflow.components.verify.rewards import campaign_rewards
 from rftflow.components.verify.scoring import score
-from rftflow.components.verify.stage import prepare_data, verify_round
+from rftflow.components.verify.stage import prepare_data
 
 
 class Campaign:
@@ -80,20 +79,24 @@ class Campaign:
         self.sync_check = SyncCheck(cfg.sync, cfg.explorer.temperature)
         self.policy_version = 0  # the trainer's: +1 after the warm start, +1 per trained round
         self.validation = ValidationLog()  # every batch checked in this run (the validation report's lines)
-        self.verified: dict[int, pa.Table | None] = {}  # verify's rows of a round, until buffer has stored them
+        self.splits = TaskSplits(self.store)
         self.stop = stop or StopFlag()  # set: stop after the current stage, end a wait or the warm start
         self.wait = functools.partial(wait_until, stop=self.stop, timeout=cfg.sync.timeout_seconds,
                                       where=self.store.url)  # for the other process of the campaign
         self.leases = assembly.make_leases(cfg, self.store)
         self.explorer = ExploreRound(
             cfg, self.store, self.engine, self.workflow, self.workflows, self.parts,
-            train_tasks=lambda: self.train_tasks, pass_rates=self.pass_rates,
-            score=lambda table: score(table, self.tasks_by_id, self.reward_fn, cfg.reward.function),
-            dynamic_sampling=self.algorithm.dynamic_sampling, leases=self.leases, settle=self._settle)
+            train_tasks=lambda: self.splits.train, pass_rates=lambda: PassRates(self.store.read_state("pass_rates")),
+            score=lambda table: score(table, self.splits.by_id, self.reward_fn, cfg.reward.function),
+            dynamic_sampling=self.algorithm.dynamic_sampling, leases=self.leases,
+            settle=lambda round_no: self.handover.settle(round_no))
+        self.handover = Handover(cfg, self.store, self.validation, self.explorer,
+                                 tasks_by_id=lambda: self.splits.by_id, reward_fn=self.reward_fn,
+                                 version=lambda: self.weights.version, trains=self.has_trainer, wait=self.wait)
         self.held_out = assembly.held_out_evaluation(cfg, self.workflow, self.workflows, self.reward_fn)
         if self.trainer:
             self.warm = WarmStart(self.trainer, self.sampler, self.weight_store, cfg.trainer, base=cfg.model.path,
-                                  stop=self.stop, train_tasks=lambda: self.train_tasks,
+                                  stop=self.stop, train_tasks=lambda: self.splits.train,
                                   lowest_accuracy=self.trainer_accuracy)
             self.checkpoints = Checkpoints(self.trainer, self.sampler, self.store, self.weight_store, self.weights,
                                            self.validation, tokens=self.processor or self.tokenizer,
@@ -111,7 +114,7 @@ class Campaign:
         """Store the taskset splits and expert demonstrations (``verify.stage.prepare_data``; idempotent)."""
         prepared = prepare_data(self.cfg, self.store, self.validation, self.explorer.expert_rows)
         if prepared.train is not None:  # the rounds' tasks are these: no reading back what was just written
-            self.__dict__["train_tasks"] = prepared.train
+            self.splits.keep_train(prepared.train)
         return prepared.metrics
 
     def warm_start(self, progress=None) -> dict[str, float]:
@@ -125,7 +128,7 @@ class Campaign:
     def await_taskset(self) -> dict[str, float]:
         """An explorer alone: wait until the trainer process has stored the taskset splits."""
         self.wait(lambda: self.store.tasks_committed(), "the taskset (the trainer's `prepare`)")
-        return {"tasks/train": len(self.train_tasks)}
+        return {"tasks/train": len(self.splits.train)}
 
     # the round's stages (ROUND) --------------------------------------------------------------
     def explore(self, round_no: int) -> dict[str, float]:
@@ -135,35 +138,12 @@ class Campaign:
         return self.explorer.explore(round_no, self.weights.version)
 
     def verify(self, round_no: int) -> dict[str, float]:
-        """``verify_round`` on the rollouts this process staged; their verified rows kept for buffer
-        (None: the other explorer processes hold every shard)."""
-        rollouts = self.explorer.staged(round_no)
-        if rollouts is None:
-            self.verified[round_no] = None
-            return {}
-        self.verified[round_no], metrics = verify_round(self.cfg, self.store, self.validation, round_no, rollouts,
-                                                        self.tasks_by_id, self.reward_fn, self.weights.version)
-        return metrics
+        """``Handover.verify``: the rows this process staged, verified and kept for buffer."""
+        return self.handover.verify(round_no)
 
     def buffer(self, round_no: int) -> dict[str, float]:
-        """``buffer_round``, or with several explorer processes ``ExploreRound.buffer_shards``; verify's
-        rows let go once stored."""
-        verified = self.verified.get(round_no)
-        if self.leases is not None:
-            self.verified.pop(round_no, None)
-            return self.explorer.buffer_shards(round_no, verified, self.weights.version,
-                                               last=round_no == self.cfg.rounds, wait=self.wait)
-        if verified is None:
-            raise RuntimeError(f"round {round_no}: buffer runs after verify in the same process (its verified rows "
-                               "are handed over in memory)")
-        metrics = buffer_round(self.store, round_no, verified, trains=self.has_trainer)
-        del self.verified[round_no]
-        return metrics
-
-    def _settle(self, round_no: int) -> None:
-        """A shard taken over (``ExploreRound.take_over``), verified and committed here."""
-        self.verify(round_no)
-        self.explorer.commit_held(round_no, self.verified.pop(round_no, None))
+        """``Handover.buffer``: verify's rows committed."""
+        return self.handover.buffer(round_no)
 
     def train(self, round_no: int) -> dict[str, float]:
         """``update`` (the policy's version + 1); a trainer alone first waits for the explorer's round."""
@@ -181,7 +161,7 @@ class Campaign:
         if sync_due(self.cfg, round_no):
             self.weights.publish(self.policy_version)
             if self.cfg.sync.check and self.has_trainer and self.has_explorer:
-                metrics = self.sync_check(self.trainer, self.engine, self.train_tasks[0], self.policy_version,
+                metrics = self.sync_check(self.trainer, self.engine, self.splits.train[0], self.policy_version,
                                           self.weights.version)
         return {"sync/weight_version": float(self.weights.version), **metrics}
 
@@ -200,7 +180,7 @@ class Campaign:
                  ) -> dict[str, float]:
         """Greedy accuracy of the explorer's (latest synced) model on the held-out split, or of ``engine``
         on ``tasks`` (``assembly.held_out_evaluation``); each task's ``Answer`` into ``answers``."""
-        return self.held_out(self.eval_tasks if tasks is None else tasks, engine or self.engine, answers)
+        return self.held_out(self.splits.eval if tasks is None else tasks, engine or self.engine, answers)
 
     def trainer_accuracy(self, groups: list[list[Task]]) -> float:
         """The warm start's check: the greedy accuracy (``evaluate``) of the trainer's own weights (no
@@ -216,20 +196,3 @@ class Campaign:
         """Continue from committed checkpoint ``version`` (``Checkpoints.read``, into ``into``); its round."""
         round_no, self.policy_version = self.checkpoints.read(version, into)
         return round_no
-
-    def pass_rates(self) -> PassRates:
-        """Measured pass rates of the training tasks (``state/pass_rates.json``)."""
-        return PassRates(self.store.read_state("pass_rates"))
-
-    @functools.cached_property
-    def train_tasks(self) -> list[Task]:
-        """The stored train split (a fresh ``prepare`` hands over the list it stored)."""
-        return tasks_from_table(self.store.read_tasks("train"))
-
-    @functools.cached_property
-    def tasks_by_id(self) -> dict[str, Task]:
-        return {t.task_id: t for t in self.train_tasks}
-
-    @functools.cached_property
-    def eval_tasks(self) -> list[Task]:
-        return tasks_from_table(self.store.read_tasks("eval"))

@@ -71,7 +71,7 @@ def test_smollm2_from_gguf_trains_a_round_with_its_chat_template_and_math_verify
     prompt = tokenizer.decode(usual.column("prompt_ids")[0].as_py())
     assert prompt.startswith("<|im_start|>system") and "<|im_start|>user\nWhat is " in prompt
     assert prompt.endswith("<|im_start|>assistant\n")  # the chat template, ready for the answer
-    tasks = run.campaign.tasks_by_id
+    tasks = run.campaign.splits.by_id
     for row in usual.to_pylist():  # the stored reward is math-verify's reading of the free-form answer
         assert row["reward"] == math_verify(row["response"], tasks[row["task_id"]])
     after = policy.state_dict()
@@ -99,7 +99,7 @@ def test_a_mixture_of_reasoning_gym_gsm8k_and_humaneval_runs_end_to_end_on_smoll
         "reward.domains={math: math, code: code}", "promotion.after_campaign=true", "promotion.min_accuracy=0"]))
     summary = run.run()
     usual = run.campaign.store.read_kind("usual")
-    tasks = run.campaign.tasks_by_id
+    tasks = run.campaign.splits.by_id
     parts = sorted(tasks[t].metadata["taskset"] for t in usual.column("task_id").to_pylist())
     assert parts == ["gsm8k"] * 2 + ["humaneval"] * 2 + ["sums"] * 2
     for row in usual.to_pylist():

@@ -43,7 +43,7 @@ def test_the_math_config_warm_starts_and_explores_groups_with_signal(tmp_path):
     campaign, rows = _rounds("configs/smollm2-math.yaml", tmp_path / "run", ["trainer.warmup_steps=3"])
     assert campaign.policy_version == 3  # the warm start, then two rounds
     assert rows and {row["model_version"] for row in rows} <= {1, 2}  # sampled after the warm start
-    tasks = campaign.tasks_by_id
+    tasks = campaign.splits.by_id
     for row in rows:  # the stored reward is math-verify's reading of the answer
         assert row["reward"] == math_verify(row["response"], tasks[row["task_id"]])
     assert _groups_with_signal(rows) > 0  # the groups dynamic sampling trains on
@@ -55,7 +55,7 @@ def test_the_code_config_scores_programs_in_the_sandbox_and_explores_groups_with
     # one round to its buffer, at one torch thread (the rows, and so the signal, the same alone and in the suite)
     campaign, rows = _rounds("configs/smollm2-code.yaml", tmp_path / "run", ["rounds=1", "threads=1"],
                              trains=False)
-    tasks = campaign.tasks_by_id
+    tasks = campaign.splits.by_id
     assert all(tasks[row["task_id"]].metadata["tests"].startswith("def check(candidate):") for row in rows)
     rerun = CodeReward(campaign.cfg.reward.code)  # the same programs, run again in fresh sandboxes
     try:

@@ -59,7 +59,7 @@ def test_ingested_feedback_reaches_training_in_a_campaign_with_a_pipeline(prefec
     for shaped, per_fn in zip(usual.column("reward").to_pylist(), usual.column("rewards").to_pylist()):
         assert shaped == 2 * dict(per_fn)["unshaped"] - 1  # shape_reward: scale 2, add −1
     # pass rates are measured on unshaped rewards (shaping maps 0..1 to −1..1)
-    assert all(0 <= total / n <= 1 for total, n in campaign.pass_rates().tasks.values())
+    assert all(0 <= total / n <= 1 for total, n in campaign.explorer.pass_rates().tasks.values())
     # a second ingest of the same file stores nothing new
     again = CliRunner().invoke(app, args, terminal_width=200)
     assert again.exit_code == 0 and campaign.store.read_kind("human").num_rows == 10

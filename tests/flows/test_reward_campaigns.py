@@ -58,7 +58,7 @@ def test_the_code_reward_scores_programs_that_pass_in_a_campaign(tmp_path, defau
         "eval.max_new_tokens=20", "trainer.warmup_steps=60"]))
     summary = run.run()
     by_question = {t["question"]: t for t in CODE_TASKS}
-    tasks = run.campaign.tasks_by_id
+    tasks = run.campaign.splits.by_id
     rows = run.campaign.store.read_kind("usual").select(["task_id", "response", "reward", "info"]).to_pylist()
     passed = [r for r in rows if r["reward"] == 1.0]
     assert passed, [r["response"] for r in rows]  # the positive path: programs ran in the sandbox and passed
@@ -94,7 +94,7 @@ def test_a_campaign_scored_by_a_reward_model_stores_the_models_scores(tmp_path, 
     rows = run.campaign.store.read_kind("usual").select(["round", "task_id", "response", "reward"]).to_pylist()
     assert len(rows) == 32 and len({r["reward"] for r in rows}) > 1 and all(0 < r["reward"] < 1 for r in rows)
     alone = RewardModelReward(RewardModelConfig(path=str(tmp_path / "rm"), batch_size=8))
-    tasks = [run.campaign.tasks_by_id[r["task_id"]] for r in rows]
+    tasks = [run.campaign.splits.by_id[r["task_id"]] for r in rows]
     scores = [s.value for s in alone.score_many([r["response"] for r in rows], tasks)]
     assert [r["reward"] for r in rows] == pytest.approx(scores, abs=1e-6)
     last = [r["reward"] for r in rows if r["round"] == 2]

@@ -25,7 +25,7 @@ def test_each_domain_is_scored_by_its_reward_and_a_bad_programs_reason_is_kept(t
     run.run()
     usual = run.campaign.store.read_kind("usual")
     rows = usual.select(["task_id", "reward", "info", "rewards"]).to_pylist()
-    tasks = run.campaign.tasks_by_id
+    tasks = run.campaign.splits.by_id
     domains = {tasks[r["task_id"]].metadata["domain"] for r in rows}
     assert domains == {"code", "math"}
     for r in rows:
@@ -49,12 +49,12 @@ def test_a_sandbox_that_breaks_quarantines_rows_and_stops_an_evaluation_never_sc
     campaign = run.campaign
     campaign.prepare()
     campaign.reward_fn.by_name["code"].sandbox.python = str(tmp_path / "gone" / "python3")  # gone after the preflight
-    tasks = list(campaign.tasks_by_id.values())
+    tasks = list(campaign.splits.by_id.values())
     rollouts = to_table([make_experience(
         experience_id=f"e{i}", campaign="c", round=1, task_id=t.task_id, group_id=t.task_id, source="explorer",
         prompt=t.prompt, response=t.answer, prompt_ids=[1], response_ids=[2], response_logprobs=[-0.5],
         response_mask=[1], model_version=0) for i, t in enumerate(tasks[:16])])
-    checked = check_round(rollouts, campaign.tasks_by_id, campaign.reward_fn, "exact_match", ContractBounds(),
+    checked = check_round(rollouts, campaign.splits.by_id, campaign.reward_fn, "exact_match", ContractBounds(),
                           [], seed=0)
     quarantined = checked.verdict.quarantined.to_pylist()
     code = [t.task_id for t in tasks[:16] if t.metadata["domain"] == "code"]

@@ -25,11 +25,11 @@ def test_a_mixture_keeps_its_weights_and_reports_each_taskset(tmp_path, default_
     run = CampaignRun(preflight(default_config, tmp_path / "run", [*small, *_mixture(tmp_path)]))
     summary = run.run()
     campaign = run.campaign
-    parts = Counter((r, campaign.tasks_by_id[t].metadata["taskset"]) for r, t in zip(
+    parts = Counter((r, campaign.splits.by_id[t].metadata["taskset"]) for r, t in zip(
         *campaign.store.read_kind("usual").select(["round", "task_id"]).to_pydict().values()))
     # 4 tasks a round split 3:1, 4 responses each, every round
     assert parts == {(1, "arith"): 12, (1, "code"): 4, (2, "arith"): 12, (2, "code"): 4}
-    assert Counter(t.metadata["taskset"] for t in campaign.eval_tasks) == {"arith": 6, "code": 4}
+    assert Counter(t.metadata["taskset"] for t in campaign.splits.eval) == {"arith": 6, "code": 4}
     client, run_id = run.tracker.client, run.tracker.run_id
     for metric in ("reward/arith/mean", "reward/code/mean"):
         assert [m.step for m in client.get_metric_history(run_id, metric)] == [1, 2]
@@ -74,7 +74,7 @@ def test_a_mixture_runs_each_part_with_its_own_workflow_and_reward(tmp_path, def
         *small, game, "workflow.environment=builtin:guess_number", "workflow.max_turns=3",
         "explorer.max_new_tokens=4", "eval.max_new_tokens=4", "rounds=1", "promotion.after_campaign=false"]))
     run.run()
-    tasks = run.campaign.tasks_by_id
+    tasks = run.campaign.splits.by_id
     rows = run.campaign.store.read_kind("usual").to_pylist()
     parts = Counter(tasks[r["task_id"]].metadata["taskset"] for r in rows)
     assert parts == {"sums": 8, "game": 8}

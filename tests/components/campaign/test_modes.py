@@ -102,7 +102,7 @@ def test_a_trainer_alone_evaluates_the_weights_it_trained_since_its_last_evaluat
 
     campaign = Campaign.from_config(default_config, tmp_path, [*small, *TWO, "mode=train", "trainer.warmup_steps=0"])
     campaign.prepare()
-    prompts = [campaign.engine.encode(t.prompt) for t in campaign.train_tasks[:16]]
+    prompts = [campaign.engine.encode(t.prompt) for t in campaign.splits.train[:16]]
 
     def greedy(engine) -> list[tuple[list[int], list[float]]]:
         engine.stop_ids = {-1}  # no stop token: every row takes 12 decode steps after the prefill

@@ -106,7 +106,7 @@ def test_replay_buffer_and_curriculum_run_in_a_campaign(started):
     assert metrics[0]["sample/usual_rows"] == 16 and metrics[1]["sample/usual_rows"] == 32
     uses = campaign.store.read_state("replay_uses")
     assert len(uses) == 8 and set(uses.values()) <= {1, 2}
-    rates = campaign.pass_rates()
+    rates = campaign.explorer.pass_rates()
     assert rates.rounds == {1, 2} and sum(n for _, n in rates.tasks.values()) == 32
     assert 0 <= metrics[1]["tasks/mean_pass_rate"] <= 1
 
@@ -124,7 +124,7 @@ def test_prioritize_orders_train_tasks_by_pass_rates_measured_in_the_store(tmp_p
     ExperienceStore(open_store(cfg.storage.url), "first").write_state("pass_rates", {"rounds": [1], "tasks": measured})
     campaign = Campaign.from_config(cfg, tmp_path / "run")
     campaign.prepare()
-    order = [t.task_id for t in campaign.train_tasks]
+    order = [t.task_id for t in campaign.splits.train]
     # hardest first: 0/8, then every unmeasured task (shrunk to the mean, 6/16), then 2/4, then 4/4
     assert order[0] == train[9].task_id and order[-2:] == [train[20].task_id, train[5].task_id]
     assert sorted(order) == sorted(t.task_id for t in train)  # reordered, nothing lost
@@ -144,7 +144,7 @@ def test_a_round_past_the_contract_threshold_fails_and_keeps_its_bad_rows(starte
     assert campaign.store.read_kind("quarantine").num_rows == 0  # a failed round's rows are apart
     # the round runs again under a looser threshold: its rows are quarantined once, under the round
     loose = campaign.cfg.contracts.model_copy(update={"max_bad_fraction": 1.0})
-    campaign.cfg = campaign.cfg.model_copy(update={"contracts": loose})
+    campaign.handover.cfg = campaign.cfg.model_copy(update={"contracts": loose})  # verify's config
     campaign.verify(1)
     campaign.buffer(1)
     again = campaign.store.read_kind("quarantine", 1)
@@ -171,10 +171,10 @@ def test_the_rounds_take_the_train_split_the_store_holds(tmp_path, default_confi
 
     fresh = Campaign.from_config(default_config, tmp_path / "fresh", [*small, "name=split"])
     fresh.prepare()  # hands over the split it stored
-    assert fresh.train_tasks == tasks_from_table(fresh.store.read_tasks("train"))
+    assert fresh.splits.train == tasks_from_table(fresh.store.read_tasks("train"))
     # an earlier attempt stored another train split and stopped before the eval split: that one is kept and used
     campaign = Campaign.from_config(default_config, tmp_path / "resumed", [*small, "name=split"])
     earlier = fresh.store.read_tasks("train").slice(0, 5)
     campaign.store.write_tasks("train", earlier)
     campaign.prepare()
-    assert campaign.train_tasks == tasks_from_table(earlier)
+    assert campaign.splits.train == tasks_from_table(earlier)

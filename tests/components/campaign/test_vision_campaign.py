@@ -30,7 +30,7 @@ def test_a_vision_campaign_trains_on_rows_that_keep_their_pictures(tmp_path):
     assert summary["rounds"] == 2 and summary["accuracy_by"] == "share of responses with vision ≥ 1"
     assert campaign.sync_check.done == 2  # after each round, log-probs with the probe's picture included
     processor = campaign.processor
-    tasks = campaign.tasks_by_id
+    tasks = campaign.splits.by_id
     for kind in ("usual", "expert"):
         rows = campaign.store.read_kind(kind).to_pylist()
         assert rows
@@ -50,8 +50,8 @@ def test_a_vision_campaign_trains_on_rows_that_keep_their_pictures(tmp_path):
     assert run.answers_shown == {0: ["answers/round-0000-pictures.json"], 2: ["answers/round-0002-pictures.json"]}
     table = json.loads((artifacts / "answers" / "round-0002-pictures.json").read_text())
     assert table["columns"] == ["taskset", "task_id", "prompt", "picture", "answer", "reward"]
-    assert [row[1] for row in table["data"]] == [t.task_id for t in campaign.eval_tasks[:8]]
-    held_out = {t.task_id: t for t in campaign.eval_tasks}
+    assert [row[1] for row in table["data"]] == [t.task_id for t in campaign.splits.eval[:8]]
+    held_out = {t.task_id: t for t in campaign.splits.eval}
     for _, task_id, _, picture, answer, reward in table["data"]:
         shown = Image.open(artifacts / picture["filepath"]).convert("RGB")
         assert shown.tobytes() == task_images(held_out[task_id])[0].tobytes()
@@ -63,7 +63,7 @@ def test_a_vision_campaign_trains_on_rows_that_keep_their_pictures(tmp_path):
     model, tokenizer = load_model(str(tmp_path / "run" / "model"))
     saved = load_processor(str(tmp_path / "run" / "model"))
     engine = HFRolloutEngine(model, tokenizer, chat_template=True, processor=saved)
-    some = campaign.eval_tasks[:4]
+    some = campaign.splits.eval[:4]
     args = dict(**images_argument(some), n=1, max_new_tokens=6, greedy=True)
     ours = engine.generate([t.prompt for t in some], **args)
     policy = HFRolloutEngine(campaign.trainer.unwrapped, campaign.tokenizer, chat_template=True, processor=processor)
@@ -119,7 +119,7 @@ def test_lora_on_a_vision_language_model_over_a_text_and_vision_mixture(tmp_path
     assert adapted and all(".text_model." in name for name in adapted), sorted(adapted)
     assert campaign.sync_check.done == 2
     rows = campaign.store.read_kind("usual").to_pylist()
-    parts = {campaign.tasks_by_id[row["task_id"]].metadata["taskset"]: bool(row["images"]) for row in rows}
+    parts = {campaign.splits.by_id[row["task_id"]].metadata["taskset"]: bool(row["images"]) for row in rows}
     assert parts == {"pictures": True, "sums": False}
     client = MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
     metrics = client.get_run(run.tracker.run_id).data.metrics

@@ -83,7 +83,7 @@ def test_the_warm_start_ends_at_the_first_check_that_reaches_warmup_until(tmp_pa
     campaign = run.campaign
     explorer, policy = campaign.engine.model.state_dict(), campaign.trainer.unwrapped.state_dict()
     assert all(torch.equal(explorer[k], policy[k]) for k in policy)
-    assert campaign.evaluate(campaign.train_tasks[:64])["accuracy/held_out"] == max(checks)
+    assert campaign.evaluate(campaign.splits.train[:64])["accuracy/held_out"] == max(checks)
 
 
 def test_warmup_check_near_checks_every_step_once_a_check_reaches_it(tmp_path, default_config, small):

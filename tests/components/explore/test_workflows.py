@@ -195,7 +195,7 @@ def test_environments_that_raise_hang_or_return_garbage_are_quarantined_with_the
     campaign.store.flush()
     quarantined = campaign.store.read_kind("quarantine", 1)
     reasons = quarantined.column("reason").to_pylist()
-    secrets = {t.task_id: t.metadata["secret"] for t in campaign.train_tasks}
+    secrets = {t.task_id: t.metadata["secret"] for t in campaign.splits.train}
     by_kind = {"raised": 0, "hung": 0, "garbage": 0}
     for tid, reason in zip(quarantined.column("task_id").to_pylist(), reasons):
         s = secrets[tid]

@@ -90,7 +90,7 @@ def test_each_sync_is_checked_and_one_that_did_not_arrive_fails_the_round(tmp_pa
                                            "sha256 [0-9a-f]{12}, the trainer published [0-9a-f]{12}"):
         campaign.sync(3)
     campaign.engine.holds = lambda weights, names: None  # an engine that cannot say (a server): log-probs tell
-    probe = campaign.engine.encode(campaign.train_tasks[0].prompt)
+    probe = campaign.engine.encode(campaign.splits.train[0].prompt)
     [[sampled]] = campaign.engine.generate_ids([probe], max_new_tokens=16, temperature=1.0)
     moved = (campaign.trainer.logprobs_of(probe, sampled.response_ids) - torch.tensor(sampled.logprobs)).abs().max()
     assert moved > campaign.cfg.sync.logprob_tolerance  # the adapter moved enough to matter
