@@ -370,11 +370,23 @@ class CampaignRun:
             "attempts": len(self.state.attempts), "resumed_from_round": self.resumed_from, "mode": self.cfg.mode,
             "promotion": self.promotion, "accuracy_by": self.campaign.reward_fn.accuracy_rule, **extra,
         }
+        if self.cfg.mixture:
+            summary["eval_accuracy_by_taskset"] = self.accuracy_by_taskset()
         if self.cfg.retention.after_campaign:
             summary["gc_deleted_objects"] = self.collect_garbage()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         self.end("finished")
         return summary
+
+    def accuracy_by_taskset(self) -> dict[str, dict[str, float | None]]:
+        """A mixture's held-out accuracy per taskset (``accuracy/<part>/held_out`` in the MLflow run,
+        all attempts): ``before`` the rounds (round 0) and ``after``, at the last evaluation."""
+        by_part = {}
+        for part in self.cfg.mixture:
+            key = f"accuracy/{part.name}/held_out"
+            seen = sorted((step, metrics[key]) for step, metrics in self.tracker.history.items() if key in metrics)
+            by_part[part.name] = {"before": dict(seen).get(0), "after": seen[-1][1] if seen else None}
+        return by_part
 
     def collect_garbage(self) -> int:
         """``retention.after_campaign``: what the finished campaign no longer needs leaves its store

@@ -123,8 +123,13 @@ def test_lora_on_a_vision_language_model_over_a_text_and_vision_mixture(tmp_path
     assert parts == {"pictures": True, "sums": False}
     client = MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
     metrics = client.get_run(run.tracker.run_id).data.metrics
+    by_taskset = json.loads((tmp_path / "run" / "summary.json").read_text())["eval_accuracy_by_taskset"]
     for part in ("pictures", "sums"):
         assert f"reward/{part}/mean" in metrics and f"accuracy/{part}/held_out" in metrics, sorted(metrics)
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.tracker.run_id,
+                                                                              f"accuracy/{part}/held_out"))
+        assert [step for step, _ in history] == [0, 2]  # before the rounds, after the last
+        assert by_taskset[part] == {"before": history[0][1], "after": history[-1][1]}
 
     merged = merged_weights(policy)
     base = policy.get_base_model().state_dict()
