@@ -1,12 +1,17 @@
 import pytest
 
-from rftflow.components.config import CampaignConfig, ConfigError, load_config
+from rftflow.components.config import SHIPPED_CONFIGS, CampaignConfig, ConfigError, load_config
 
 
 def test_defaults_validate_and_default_campaign_loads(default_config):
     assert CampaignConfig().algorithm.name == "mix"
     cfg = load_config(default_config)
     assert cfg.name == "arith-mix" and cfg.taskset.params["max_digits"] == 2
+
+
+@pytest.mark.parametrize("path", sorted(SHIPPED_CONFIGS.glob("*.yaml")), ids=lambda path: path.name)
+def test_every_shipped_config_loads_by_its_name(path):
+    assert load_config(path.stem).name == path.stem
 
 
 def test_overrides_parse_values_as_yaml():
