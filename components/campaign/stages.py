@@ -10,8 +10,8 @@ evaluation in ``evaluation.greedy`` (over the campaign's workflows: ``assembly.h
 checkpoints in ``campaign.checkpoints`` — and the methods here call them with what this campaign
 holds. Explore's rollouts are committed to the store (``staging/``) and read back by verify; verify
 hands its verified rows to buffer in memory (``campaign.handover``); the taskset splits are read
-from the store once (``data.splits``). Nothing here imports Prefect: the step table (``campaign.steps``) names these methods,
-``tasks/`` wraps them.
+from the store once (``data.splits``). Nothing here imports Prefect: the step table
+(``campaign.steps``) names these methods, ``tasks/`` wraps them.
 """
 
 from __future__ import annotations
