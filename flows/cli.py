@@ -229,7 +229,8 @@ def run(
     if summary.get("resumed_from_round") is not None:
         table.add_row("resumed_from_round", str(summary["resumed_from_round"]))
     for part, held_out in summary.get("eval_accuracy_by_taskset", {}).items():
-        table.add_row(f"eval_accuracy {part}", " → ".join("–" if v is None else f"{v:.3f}" for v in held_out.values()))
+        shown = ("–" if value is None else f"{value:.3f}" for value in held_out.values())  # before → after
+        table.add_row(f"eval_accuracy {part}", " → ".join(shown))
     Console().print(table)
     if summary.get("promotion"):
         Console().print(f"promotion: {summary['promotion']}", highlight=False, soft_wrap=True)
