@@ -122,16 +122,17 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 def start_server(model_dir: str, *, served_model: str = "model", threads: int = 2, log: Path | None = None,
                  startup_seconds: float = 300.0, eager: bool = True, lora_rank: int | None = None,
-                 port: int | None = None, cores: str | None = None) -> Server:
+                 port: int | None = None, cores: str | None = None, in_process: bool = False) -> Server:
     """``vllm serve model_dir`` on ``port`` (a free one if None), answering ``/health``. ``eager``
     (``--enforce-eager``) skips vLLM's torch.compile (the slowest part of its start-up without a
     compile cache), the model run as the trainer runs it. ``lora_rank``: LoRA adapters up to that
     rank, loaded at run time (``/v1/load_lora_adapter``). ``cores``: the CPU ids the whole server is
-    bound to (e.g. ``"1"`` or ``"2-3"``), so servers side by side do not share cores; its model then
-    runs inside the engine process (vLLM's ``uni`` executor, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-    rather than in a worker process of its own, whose engine process would busy-wait on it (vLLM's
-    shared-memory queue spins for a second after each read) and take a core from the server beside
-    it. None: vLLM's own placement (an engine and a worker process, threads bound by vLLM). The server
+    bound to (e.g. ``"1"`` or ``"2-3"``), so servers side by side do not share cores; a bound server
+    runs ``in_process``. ``in_process``: the model runs inside the engine process (vLLM's ``uni``
+    executor, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, threads not bound by vLLM) rather than in a worker
+    process of its own, whose engine process would busy-wait on it (vLLM's shared-memory queue spins
+    for a second after each read) and take a core from the work beside it. Neither: vLLM's own
+    placement (an engine and a worker process, threads bound by vLLM). The server
     takes a request's chat template (``--trust-request-chat-template``): the ``openai`` engine sends
     its prompts with images in one that renders them as the engine encoded them; it listens on
     127.0.0.1 only. Its log-probs are of the distribution it samples from (``--logprobs-mode
@@ -145,8 +146,9 @@ def start_server(model_dir: str, *, served_model: str = "model", threads: int = 
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(threads),
            "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     affinity = None
-    if cores is not None:
+    if in_process or cores is not None:
         env |= {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if cores is not None:
         first, _, last = cores.partition("-")
         cpus = set(range(int(first), int(last or first) + 1))
         affinity = lambda: os.sched_setaffinity(0, cpus)  # noqa: E731 — inherited by the server's children

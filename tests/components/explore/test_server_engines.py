@@ -25,9 +25,9 @@ BF16_LOGPROB_TOLERANCE = 0.05  # mean, the engine in bfloat16 (vLLM's LoRA kerne
 needs_server = pytest.mark.skipif(not vllm_available(), reason=f"{vllm_problem()} (RFTFLOW_ALLOW_MISSING=vllm)")
 
 
-# the model in the server's engine process, one thread, on any of this process's cores (start_server's ``cores``);
-# vLLM's default placement adds a worker process (two threads here) whose engine busy-waits on it after each read
-ONE_PROCESS = {"cores": f"{min(os.sched_getaffinity(0))}-{max(os.sched_getaffinity(0))}", "threads": 1}
+# the model in the server's engine process, on one thread: vLLM's default placement adds a worker process
+# (two threads here) whose engine busy-waits on it after each read
+ONE_PROCESS = {"in_process": True, "threads": 1}
 
 
 @pytest.fixture(scope="module")
