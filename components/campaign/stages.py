@@ -83,12 +83,11 @@ class Campaign:
         self.stop = stop or StopFlag()  # set: stop after the current stage, end a wait or the warm start
         self.wait = functools.partial(wait_until, stop=self.stop, timeout=cfg.sync.timeout_seconds,
                                       where=self.store.url)  # for the other process of the campaign
-        self.leases = assembly.make_leases(cfg, self.store)
         self.explorer = ExploreRound(
             cfg, self.store, self.engine, self.workflow, self.workflows, self.parts,
             train_tasks=lambda: self.splits.train, pass_rates=lambda: PassRates(self.store.read_state("pass_rates")),
             score=lambda table: score(table, self.splits.by_id, self.reward_fn, cfg.reward.function),
-            dynamic_sampling=self.algorithm.dynamic_sampling, leases=self.leases,
+            dynamic_sampling=self.algorithm.dynamic_sampling, leases=assembly.make_leases(cfg, self.store),
             settle=lambda round_no: self.handover.settle(round_no))
         self.handover = Handover(cfg, self.store, self.validation, self.explorer,
                                  tasks_by_id=lambda: self.splits.by_id, reward_fn=self.reward_fn,
