@@ -43,6 +43,7 @@ from rftflow.components.data.groups import informative_groups
 from rftflow.components.evaluation import greedy
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.train.trainer import Trainer
+from rftflow.components.verify.code import FENCED_BLOCK
 from rftflow.components.verify.rewards import Rewards
 
 PARTS = ("decode", "reward", "train", "sync", "evaluation", "warm start", "other")
@@ -93,11 +94,16 @@ class Clock:
         wrap(Trainer, "train", "train")
 
 
-def greedy_pass(campaign: Campaign) -> tuple[list[bool], list[bool]]:
-    """(solved, finished) per held-out task: reward 1 for the greedy answer; it ended within the budget."""
+def greedy_pass(campaign: Campaign, texts: list[str] | None = None) -> tuple[list[bool], list[bool]]:
+    """(solved, finished) per held-out task: reward 1 for the greedy answer; it ended within the budget
+    (for the ``code`` reward: its fenced block closed within the budget, whatever prose follows it,
+    since the reward runs the block). The answers go into ``texts``."""
     finished: list[bool] = []
+    texts = [] if texts is None else texts
     scores = greedy.greedy_scores(campaign.engine, campaign.splits.eval, campaign.reward_fn,
-                                   campaign.cfg.eval.max_new_tokens, finished)
+                                   campaign.cfg.eval.max_new_tokens, finished, texts)
+    if campaign.cfg.reward.function == "code":
+        finished = [bool(FENCED_BLOCK.search(text)) for text in texts]
     return [s >= 1.0 for s in scores], finished
 
 
@@ -107,9 +113,19 @@ def accuracy(solved: list[bool], finished: list[bool]) -> dict[str, float]:
             "of_finished": sum(s and f for s, f in zip(solved, finished)) / max(1, ended)}
 
 
-def one_campaign(config: str, seed: int, overrides: list[str], run_dir: Path, curve: int = 0) -> dict:
+def save_answers(path: Path, seed: int, campaign: Campaign, when: str, texts: list[str], solved: list[bool]) -> None:
+    """One JSON line per held-out task's greedy answer (to read what the policy learned to write)."""
+    with path.open("a") as out:
+        for task, text, ok in zip(campaign.splits.eval, texts, solved):
+            out.write(json.dumps({"seed": seed, "when": when, "task_id": task.task_id, "solved": ok,
+                                  "answer": text}) + "\n")
+
+
+def one_campaign(config: str, seed: int, overrides: list[str], run_dir: Path, curve: int = 0,
+                 answers: Path | None = None) -> dict:
     """A campaign of ``config`` with ``seed``: paired greedy results before and after its rounds, and its
-    seconds; with ``curve`` > 0, the held-out accuracy every ``curve`` rounds too (for tuning: not free)."""
+    seconds; with ``curve`` > 0, the held-out accuracy every ``curve`` rounds too (for tuning: not free);
+    with ``answers``, the greedy answers before and after appended there."""
     clock = Clock()
     began, cpu_began = time.perf_counter(), time.process_time()
 
@@ -123,8 +139,11 @@ def one_campaign(config: str, seed: int, overrides: list[str], run_dir: Path, cu
         with clock.during("warm start"):
             campaign.warm_start()
         note("warm start done")
+        texts: list[str] = []
         with clock.during("evaluation"):
-            before = greedy_pass(campaign)
+            before = greedy_pass(campaign, texts)
+        if answers:
+            save_answers(answers, seed, campaign, "before", texts, before[0])
         note(f"before: {accuracy(*before)}")
         signal, groups, rewards, points = 0, 0, [], {}
         clock.phase = "rounds"
@@ -144,8 +163,11 @@ def one_campaign(config: str, seed: int, overrides: list[str], run_dir: Path, cu
                     points[round_no] = accuracy(*greedy_pass(campaign))
                 note(f"round {round_no}: held-out {points[round_no]}")
         clock.phase = "other"
+        texts = []
         with clock.during("evaluation"):
-            after = greedy_pass(campaign)
+            after = greedy_pass(campaign, texts)
+        if answers:
+            save_answers(answers, seed, campaign, "after", texts, after[0])
         rounds = campaign.cfg.rounds
     wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
     seconds, cpu_seconds = dict(clock.seconds), dict(clock.cpu)
@@ -169,7 +191,7 @@ def two_sided(lost: int, gained: int) -> float:
 
 
 def report(results: list[dict]) -> None:
-    print("\n| seed | before → after (gain) | ended within the budget | accuracy of those | gained / lost | "
+    print("\n| seed | before → after (gain) | ended within the budget (code: its block closed) | accuracy of those | gained / lost | "
           "p (one-sided) | groups with signal | wall | load (1, 5, 15 min) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
@@ -199,6 +221,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="A config override.")
     parser.add_argument("--curve", type=int, default=0, metavar="K",
                         help="Also evaluate every K rounds (tuning; its seconds count as evaluation).")
+    parser.add_argument("--answers", type=Path, metavar="FILE",
+                        help="Append each seed's greedy answers before and after (JSON lines) to FILE.")
     args = parser.parse_args()
     from transformers.utils import logging as hf_logging
 
@@ -207,7 +231,8 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as root:
         for seed in (int(s) for s in args.seeds.split(",")):
-            result = one_campaign(args.config, seed, overrides, Path(root) / f"seed-{seed}", args.curve)
+            result = one_campaign(args.config, seed, overrides, Path(root) / f"seed-{seed}", args.curve,
+                                  args.answers)
             print(json.dumps({"config": args.config, "overrides": args.set, **result}), flush=True)
             results.append(result)
     report(results)

@@ -38,7 +38,8 @@ from rftflow.components.verify.sandbox import Execution, Limits, Sandbox, Sandbo
 from rftflow.components.verify.scores import Score
 from rftflow.components.verify.tests_split import Refusal, Split, split
 
-_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
+# A fenced block of Python: the program a response stands for, when it writes one
+FENCED_BLOCK = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
 # Where a completion of a function's body ends: the stop sequences of HumanEval's paper (Chen et al.
@@ -48,7 +49,7 @@ _COMPLETION_STOPS = re.compile(r"\n(?:def |class |if |print\(|#|```)")
 
 def extract_program(response: str, task: Task) -> str:
     """The program a response stands for (see the module docstring)."""
-    blocks = _FENCE.findall(response)
+    blocks = FENCED_BLOCK.findall(response)
     opened = re.match(r"\s*```[ \t]*(?:python|py|python3)?[ \t]*\n", response)
     code = blocks[-1] if blocks else response[opened.end():] if opened else response  # an unclosed block: its rest
     prompt, entry = task.metadata.get("code_prompt"), task.metadata.get("entry_point")
