@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -40,12 +41,14 @@ from rftflow.components.campaign.promotion import mcnemar_p
 from rftflow.components.campaign.schedule import ROUND, Step
 from rftflow.components.campaign.stages import Campaign
 from rftflow.components.data.groups import informative_groups
+from rftflow.components.data.python_functions import more_cases
 from rftflow.components.evaluation import greedy
 from rftflow.components.explore.engines import HFRolloutEngine
 from rftflow.components.train.trainer import Trainer
 from rftflow.components.verify.code import FENCED_BLOCK
 from rftflow.components.verify.rewards import Rewards
 
+MORE_CASES = 200  # cases beyond its four that a generated function's answer is also run on
 PARTS = ("decode", "reward", "train", "sync", "evaluation", "warm start", "other")
 
 
@@ -113,6 +116,15 @@ def accuracy(solved: list[bool], finished: list[bool]) -> dict[str, float]:
             "of_finished": sum(s and f for s, f in zip(solved, finished)) / max(1, ended)}
 
 
+def more_cases_accuracy(campaign: Campaign, texts: list[str], solved: list[bool], n: int = MORE_CASES) -> float:
+    """The share of held-out tasks whose answer passes its four cases and ``n`` more (``more_cases``),
+    run by the campaign's own reward in the sandbox: what the four cases let through."""
+    tasks = [dataclasses.replace(t, metadata={**t.metadata, "tests": more_cases(t.answer, t.metadata, n)})
+             for t in campaign.splits.eval]
+    scores = campaign.reward_fn.score_many(texts, tasks)
+    return sum(ok and s.value is not None and s.value >= 1.0 for ok, s in zip(solved, scores)) / len(texts)
+
+
 def save_answers(path: Path, seed: int, campaign: Campaign, when: str, texts: list[str], solved: list[bool]) -> None:
     """One JSON line per held-out task's greedy answer (to read what the policy learned to write)."""
     with path.open("a") as out:
@@ -139,11 +151,11 @@ def one_campaign(config: str, seed: int, overrides: list[str], run_dir: Path, cu
         with clock.during("warm start"):
             campaign.warm_start()
         note("warm start done")
-        texts: list[str] = []
+        before_texts: list[str] = []
         with clock.during("evaluation"):
-            before = greedy_pass(campaign, texts)
+            before = greedy_pass(campaign, before_texts)
         if answers:
-            save_answers(answers, seed, campaign, "before", texts, before[0])
+            save_answers(answers, seed, campaign, "before", before_texts, before[0])
         note(f"before: {accuracy(*before)}")
         signal, groups, rewards, points = 0, 0, [], {}
         clock.phase = "rounds"
@@ -163,12 +175,15 @@ def one_campaign(config: str, seed: int, overrides: list[str], run_dir: Path, cu
                     points[round_no] = accuracy(*greedy_pass(campaign))
                 note(f"round {round_no}: held-out {points[round_no]}")
         clock.phase = "other"
-        texts = []
+        after_texts: list[str] = []
         with clock.during("evaluation"):
-            after = greedy_pass(campaign, texts)
+            after = greedy_pass(campaign, after_texts)
         if answers:
-            save_answers(answers, seed, campaign, "after", texts, after[0])
+            save_answers(answers, seed, campaign, "after", after_texts, after[0])
         rounds = campaign.cfg.rounds
+        more = ({"more_cases": {"before": more_cases_accuracy(campaign, before_texts, before[0]),
+                                "after": more_cases_accuracy(campaign, after_texts, after[0])}}
+                if campaign.cfg.taskset.source == "builtin:python_functions" else {})
     wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
     seconds, cpu_seconds = dict(clock.seconds), dict(clock.cpu)
     seconds["other"] = wall - sum(v for k, v in seconds.items() if k != "other")
@@ -178,7 +193,7 @@ def one_campaign(config: str, seed: int, overrides: list[str], run_dir: Path, cu
     return {"seed": seed, "rounds": rounds, "held_out": len(before[0]),
             "before": accuracy(*before), "after": accuracy(*after), "gained": gained, "lost": lost,
             "p_one_sided": mcnemar_p(lost, gained), "groups_with_signal": signal / max(1, groups),
-            **({"curve": points} if curve else {}),
+            **({"curve": points} if curve else {}), **more,
             "reward_first_5": statistics.mean(rewards[:5]), "reward_last_5": statistics.mean(rewards[-5:]),
             "wall_s": round(wall, 1), "seconds": {k: round(seconds.get(k, 0.0), 1) for k in PARTS},
             "cpu_s": round(cpu, 1), "cpu_seconds": {k: round(cpu_seconds.get(k, 0.0), 1) for k in PARTS},
@@ -205,6 +220,9 @@ def report(results: list[dict]) -> None:
     print(f"\nmean gain {statistics.mean(gains):+.3f} (min {min(gains):+.3f}); pooled over "
           f"{sum(r['held_out'] for r in results)} paired tasks: gained {gained}, lost {lost}, exact McNemar p "
           f"{mcnemar_p(lost, gained):.2g} one-sided, {two_sided(lost, gained):.2g} two-sided")
+    if all("more_cases" in r for r in results):
+        print(f"\nright on {MORE_CASES} more cases too: " + ", ".join(
+            f"seed {r['seed']} {r['more_cases']['before']:.3f} → {r['more_cases']['after']:.3f}" for r in results))
     print("\n| part | " + " | ".join(PARTS) + " | wall |")
     print("| --- |" + " --- |" * (len(PARTS) + 1))
     for r in results:

@@ -233,3 +233,20 @@ def python_function_entries(params: dict[str, Any], size: int, seed: int) -> lis
         raise ValueError(f"params.families: unknown {', '.join(map(repr, unknown))}; known: {', '.join(FAMILIES)}")
     rng = random.Random(seed)
     return [_task(FAMILIES[names[i % len(names)]], rng) for i in range(size)]
+
+
+def more_cases(answer: str, metadata: dict[str, Any], n: int = 200, seed: int = 0) -> str:
+    """HumanEval-form tests of ``n`` more cases for a task of this module: arguments drawn by its
+    family's input maker, expected values computed by its gold ``answer`` (this module's reference
+    body, not a model's, so it runs here). A task's own four cases can pass a wrong answer (an
+    off-by-one at a bound none of them touches); an answer that passes these too is right on them."""
+    name = metadata["entry_point"]
+    *_, inputs = FAMILIES[metadata["family"]].make(random.Random(seed))
+    namespace: dict[str, Any] = {}
+    exec(answer.split("```python\n", 1)[1].rsplit("```", 1)[0], namespace)  # noqa: S102 (the reference)
+    rng = random.Random(seed)
+    cases = [inputs(rng) for _ in range(n)]
+    asserts = "\n".join(f"    assert candidate({', '.join(map(repr, args))}) == {namespace[name](*args)!r}"
+                        for args in cases)
+    return f"def check(candidate):\n{asserts}\n\n\ncheck({name})\n"
+

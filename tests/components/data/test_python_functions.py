@@ -1,11 +1,15 @@
 """The generated Python-function taskset (`builtin:python_functions`): each family's reference body
 passes its own tests in the code reward's sandboxes, and bodies that are wrong, that copy the
-docstring's example or that do nothing score 0; the tasks load as a taskset like any other."""
+docstring's example or that do nothing score 0; what four cases let through, 200 more catch; the tasks
+load as a taskset like any other."""
+
+import ast
+import dataclasses
 
 import pytest
 
 from rftflow.components.config import CodeRewardConfig, TasksetConfig
-from rftflow.components.data.python_functions import FAMILIES, python_function_entries
+from rftflow.components.data.python_functions import FAMILIES, more_cases, python_function_entries
 from rftflow.components.data.tasksets import Task, TasksetError, load_tasks, task_id
 from rftflow.components.verify.code import CodeReward, check_code_tasks
 
@@ -90,3 +94,23 @@ def test_no_task_is_passed_by_a_constant_or_by_its_first_argument_returned():
         assert len(cases) == 4, entry["metadata"]["tests"]
         assert len({repr(out) for _, out in cases}) > 1, entry["metadata"]["tests"]
         assert any(repr(out) != repr(args[0]) for args, out in cases), entry["metadata"]["tests"]
+
+
+def test_more_cases_catch_what_four_cases_let_through(reward):
+    """An answer off by one at a bound none of a task's four cases touches passes them; the 200 more
+    cases of ``more_cases`` (drawn by the family's input maker, expected values from the gold answer)
+    catch it, and the reference body passes them."""
+    def never_at_the_bound(task: Task) -> bool:  # none of its four cases' lists holds its lower bound
+        low = int(task.metadata["entry_point"].split("_")[1])
+        lists = [ast.literal_eval(line.split("candidate(", 1)[1].rsplit(") ==", 1)[0])
+                 for line in task.metadata["tests"].splitlines() if "assert" in line]
+        return all(low not in xs for xs in lists)
+
+    task = next((t for t in _tasks(400, seed=3, families=["between"]) if never_at_the_bound(t)), None)
+    assert task is not None, "every generated `between` task's cases hold its lower bound"
+    low = task.metadata["entry_point"].split("_")[1]
+    off_by_one = task.answer.replace(f"sum({low} <= x", f"sum({low} < x")
+    assert off_by_one != task.answer
+    stricter = dataclasses.replace(task, metadata={**task.metadata, "tests": more_cases(task.answer, task.metadata)})
+    scores = reward.score_many([task.answer, off_by_one, task.answer, off_by_one], [task, task, stricter, stricter])
+    assert [s.value for s in scores] == [1.0, 1.0, 1.0, 0.0], (task.metadata["entry_point"], scores)
