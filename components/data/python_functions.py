@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 CASES = 4  # asserts per task
+MORE_CASES = 200  # cases of ``more_cases``: what a task's four let through, these catch
 _WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "candle", "garden", "rocket", "silver",
           "forest", "window", "pepper", "marble", "yellow", "banana", "orange", "summer", "winter"]
 _NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
@@ -235,7 +236,7 @@ def python_function_entries(params: dict[str, Any], size: int, seed: int) -> lis
     return [_task(FAMILIES[names[i % len(names)]], rng) for i in range(size)]
 
 
-def more_cases(answer: str, metadata: dict[str, Any], n: int = 200, seed: int = 0) -> str:
+def more_cases(answer: str, metadata: dict[str, Any], n: int = MORE_CASES, seed: int = 0) -> str:
     """HumanEval-form tests of ``n`` more cases for a task of this module: arguments drawn by its
     family's input maker, expected values computed by its gold ``answer`` (this module's reference
     body, not a model's, so it runs here). A task's own four cases can pass a wrong answer (an
@@ -249,4 +250,3 @@ def more_cases(answer: str, metadata: dict[str, Any], n: int = 200, seed: int = 
     asserts = "\n".join(f"    assert candidate({', '.join(map(repr, args))}) == {namespace[name](*args)!r}"
                         for args in cases)
     return f"def check(candidate):\n{asserts}\n\n\ncheck({name})\n"
-

@@ -63,7 +63,13 @@ def greedy_scores(engine, tasks: list[Task], reward_fn, max_new_tokens: int,
         finished.extend(g[0].finished for g in groups)
     if texts is not None:
         texts.extend(g[0].text for g in groups)
-    scores = score_all([g[0].text for g in groups], tasks, reward_fn)
+    return scored_values([g[0].text for g in groups], tasks, reward_fn)
+
+
+def scored_values(responses: list[str], tasks: list[Task], reward_fn) -> list[float]:
+    """Each response's reward against its task (``score_all``); ``RewardUnavailable`` when one could
+    not be computed: an evaluation is never scored on a failed sandbox or judge."""
+    scores = score_all(responses, tasks, reward_fn)
     failed = next((s for s in scores if s.value is None), None)
     if failed is not None:
         raise RewardUnavailable(f"evaluation: a reward could not be computed ({failed.reason})")
