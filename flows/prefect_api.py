@@ -107,6 +107,7 @@ class EmbeddedServer:
 
     def __init__(self):
         self.process: subprocess.Popen | None = None
+        self.answered = False  # whether ``ready`` saw it answer: only then may a client have sent it anything
         self._launch()
         atexit.register(self.stop)
 
@@ -143,6 +144,7 @@ class EmbeddedServer:
                 raise PrefectAPIUnavailable(
                     f"the embedded Prefect API server exited with status {self.process.returncode}")
             elif answers(f"{self.api_url}/health"):
+                self.answered = True
                 self._yield_the_cores()
                 return self.api_url
             time.sleep(0.1)
@@ -166,15 +168,20 @@ class EmbeddedServer:
                 pass  # the server exited: the next API call says so
 
     def stop(self) -> None:
-        """SIGTERM (the recorder writes out its queue), SIGKILL after 5 s."""
+        """SIGTERM (the recorder writes out its queue), SIGKILL after 5 s. A server never waited for
+        (a refusal before the flow) has nothing to write out and gets SIGKILL at once: SIGTERM while
+        it still boots fails Prefect 3.8's shutdown of services not yet started ("Reactive triggers
+        not started"), a traceback on this command's stderr."""
         if self.process is None:
             return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.answered:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.process.kill()  # a no-op once it has exited
+        self.process.wait()
         self.process = None
 
 

@@ -126,3 +126,33 @@ def test_a_recorder_write_cancelled_with_every_event_requeued_is_debug_and_a_dro
         ("ERROR", "Error flushing 3 events (2 to retry, 1 dropped)", True),
         ("ERROR", "Error flushing 39 events (39 to retry, 0 dropped)", True),
         ("DEBUG", "Error flushing 5 events (5 to retry, 0 dropped)", False)]
+
+
+LEFT_WHILE_BOOTING = """
+import json, signal, time
+from rftflow.flows import prefect_api
+from rftflow.flows.prefect_api import booting_prefect_api
+ended, stop = [], prefect_api.EmbeddedServer.stop
+def recorded_stop(server):  # how the server process ended (called again at exit, when it has none)
+    process = server.process
+    stop(server)
+    if process is not None:
+        ended.append(process.returncode)
+prefect_api.EmbeddedServer.stop = recorded_stop
+for delay in (0.5, 2.5, 4.0):  # a new PREFECT_HOME: the first boot migrates its database for seconds
+    with booting_prefect_api():
+        time.sleep(delay)
+print(json.dumps(ended))
+"""
+
+
+def test_a_server_left_before_it_was_waited_for_is_killed_and_prints_nothing(tmp_path):
+    """A refusal in the preflight leaves the booting server: Prefect 3.8 ignores SIGTERM while it
+    migrates, and a SIGTERM while its services start fails its shutdown with a traceback; a server
+    nobody talked to has nothing to write out, so it is killed (SIGKILL), whenever it is left."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")}
+    env.pop("PREFECT_API_URL", None)
+    done = subprocess.run([sys.executable, "-c", LEFT_WHILE_BOOTING], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-3000:]
+    assert json.loads(done.stdout) == [-9, -9, -9]
