@@ -29,7 +29,6 @@ from rftflow.components.train.checkpoints import load_trainer, save_trainer
 from rftflow.components.train.trainer import Trainer
 
 log = logging.getLogger("rftflow")
-WARMUP_CHECK_TASKS = 64  # training tasks the `trainer.warmup_until` check solves greedily
 
 
 class WarmStart:
@@ -136,9 +135,9 @@ class WarmStart:
         return None
 
     def check_groups(self) -> list[list[Task]]:
-        """The first ``WARMUP_CHECK_TASKS`` training tasks, grouped by metadata key
+        """The first ``trainer.warmup_check_tasks`` training tasks, grouped by metadata key
         ``trainer.warmup_check_by`` (one group without it)."""
-        tasks, key = self.train_tasks()[:WARMUP_CHECK_TASKS], self.settings.warmup_check_by
+        tasks, key = self.train_tasks()[:self.settings.warmup_check_tasks], self.settings.warmup_check_by
         if key is None:
             return [tasks]
         groups: dict[str, list[Task]] = {}
@@ -151,6 +150,6 @@ class WarmStart:
 
     def accuracy(self) -> float:
         """The ``trainer.warmup_until`` check: greedy accuracy of the trainer's own weights (no sync:
-        the explorer keeps what it holds) on the first ``WARMUP_CHECK_TASKS`` training tasks, the
+        the explorer keeps what it holds) on the first ``trainer.warmup_check_tasks`` training tasks, the
         lowest over ``check_groups``."""
         return self.lowest_accuracy(self.check_groups())

@@ -127,6 +127,16 @@ def test_warmup_check_by_takes_the_lowest_group_and_names_a_missing_key(tmp_path
     assert missing.campaign.trainer.steps == 0  # it failed before any step
 
 
+def test_warmup_check_tasks_sets_how_many_training_tasks_the_check_answers(tmp_path, default_config, small):
+    checks = ["trainer.warmup_steps=2", "trainer.warmup_until=1.0"]
+    for count in (64, 40):  # the default, and one set
+        sets = [*small, *checks] + ([] if count == 64 else [f"trainer.warmup_check_tasks={count}"])
+        campaign = CampaignRun(preflight(default_config, tmp_path / str(count), sets)).campaign
+        campaign.prepare()
+        (group,) = campaign.warm.check_groups()
+        assert [t.task_id for t in group] == [t.task_id for t in campaign.splits.train[:count]]
+
+
 def test_an_explorer_and_a_trainer_alone_and_bench_run_episodes(tmp_path, default_config, small, warm):
     two = ["sync.method=checkpoint", "rounds=2", "eval.every=2", "checkpoint.every=2",
            f"storage.url={(tmp_path / 'store').as_uri()}"]
