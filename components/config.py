@@ -520,10 +520,10 @@ class TrainerConfig(_Section):
     )
     warmup_until: float | None = Field(
         None, gt=0, le=1, description="End the warm start early, once the trainer's greedy policy solves this share "
-        "of the first `warmup_check_tasks` training tasks (checked every `warmup_check_every` steps); `warmup_steps` "
-        "is then the most it runs and the length of its learning-rate schedule. For a skill learned in a jump at a step that varies by seed "
-        "(a copy, a format), this stops in the jump wherever it comes and leaves the rest to the rounds. One trainer "
-        "process only.",
+        "of the first `warmup_check_tasks` training tasks (checked every `warmup_check_every` steps); "
+        "`warmup_steps` is then the most it runs and the length of its learning-rate schedule. For a skill learned "
+        "in a jump at a step that varies by seed (a copy, a format), this stops in the jump wherever it comes and "
+        "leaves the rest to the rounds. One trainer process only.",
     )
     warmup_check_every: int = Field(25, gt=0, description="Warm-start steps between the checks of `warmup_until`.")
     warmup_check_tasks: int = Field(

@@ -129,7 +129,7 @@ def test_a_recorder_write_cancelled_with_every_event_requeued_is_debug_and_a_dro
 
 
 LEFT_WHILE_BOOTING = """
-import json, signal, time
+import json, time
 from rftflow.flows import prefect_api
 from rftflow.flows.prefect_api import booting_prefect_api
 ended, stop = [], prefect_api.EmbeddedServer.stop
