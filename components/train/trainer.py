@@ -255,7 +255,9 @@ class Trainer:
         return response_logprobs(model, batch, self.temperature)[0].cpu()
 
     def _step(self, rows: Sequence[Row], batch: Mapping[str, torch.Tensor], advantages: torch.Tensor, loss_fn,
-              options: dict) -> dict[str, float]:
+              options: dict, regularize: bool = True) -> dict[str, float]:
+        """One optimizer step on ``loss_fn`` plus, when ``regularize``, the algorithm's KL term and
+        entropy bonus (the rounds'; the warm start's SFT takes neither)."""
         logp = torch.log_softmax(response_logits(self.model, batch, self.temperature), -1)  # (B, R, V)
         logprobs = logp.gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1)  # (B, R)
         old = behaviour_logprobs(rows, logprobs)  # (B, R)
@@ -268,10 +270,12 @@ class Trainer:
             ref = self._reference_logprobs(batch)  # (B, R)
         inputs = LossInputs(logprobs, old, advantages.to(logprobs.device), batch["mask"], is_expert, ref)
         loss, metrics = loss_fn(inputs, **options)
-        entropy = entropy_from_logprobs(logp if algo.entropy_coef else logp.detach())  # (B, R)
+        entropy_coef = algo.entropy_coef if regularize else 0.0
+        entropy = entropy_from_logprobs(logp if entropy_coef else logp.detach())  # (B, R)
         loss, extra = regularized(loss, logprobs, batch["mask"],
-                                  ref_logprobs=ref if algo.kl_mode == "loss" else None, kl_coef=algo.kl_coef,
-                                  kl_kind=algo.kl_kind, entropy=entropy, entropy_coef=algo.entropy_coef,
+                                  ref_logprobs=ref if regularize and algo.kl_mode == "loss" else None,
+                                  kl_coef=algo.kl_coef, kl_kind=algo.kl_kind, entropy=entropy,
+                                  entropy_coef=entropy_coef,
                                   agg=options.get("agg", "token-mean"))
         metrics = {**metrics, **extra}
         self.optimizer.zero_grad()
@@ -398,7 +402,8 @@ class Trainer:
             idx, shared = self._share(range(len(chunk)))
             mine = [chunk[i] for i in idx]
             with shared:
-                last = self._step(mine, self._batch(mine), torch.zeros(len(mine)), sft, {"agg": "token-mean"})
+                last = self._step(mine, self._batch(mine), torch.zeros(len(mine)), sft, {"agg": "token-mean"},
+                                  regularize=False)
             if progress is not None and progress(step + 1, last):
                 break
         self.set_lr(final)
