@@ -475,7 +475,8 @@ class AlgorithmConfig(_Section):
         "loss", description="`loss`: add β·KL to the loss (GRPO); `reward`: subtract β·Σ_t KL_t from each "
         "explorer row's reward before advantages (PPO/RLHF style).",
     )
-    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus: subtract this × mean token entropy from the loss.")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus: subtract this × mean token entropy from the "
+                                "rounds' loss (the warm start is SFT alone).")
     max_staleness: int | None = Field(
         None, ge=0, description="Train on no explorer experience produced more than this many weight versions ago "
         "(AReaL's staleness bound η).",

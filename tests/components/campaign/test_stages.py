@@ -90,6 +90,19 @@ def test_kl_entropy_and_staleness_options_run_in_a_campaign(started):
     assert metrics["kl/low_var_kl"] >= 0 and metrics["update/entropy"] > 0
 
 
+def test_the_warm_start_is_sft_alone_and_the_entropy_bonus_starts_with_the_rounds(started):
+    plain = started("name=plain", "algorithm.name=grpo")
+    bonus = started("name=bonus", "algorithm.name=grpo", "algorithm.entropy_coef=0.5")
+    assert plain.trainer.steps == bonus.trainer.steps > 0
+    warm = {k: v.clone() for k, v in plain.trainer.unwrapped.state_dict().items()}
+    assert all(torch.equal(warm[k], v) for k, v in bonus.trainer.unwrapped.state_dict().items())
+    # the rounds take it: the same round's update moves the two policies apart
+    for campaign in (plain, bonus):
+        campaign.run_round(1)
+    moved = plain.trainer.unwrapped.state_dict()
+    assert not all(torch.equal(moved[k], v) for k, v in bonus.trainer.unwrapped.state_dict().items())
+
+
 def test_mix_expert_ratio_sets_the_expert_share_of_the_round(started):
     campaign = started("name=ratio", "algorithm.name=mix", "buffer.expert_ratio=0.25")
     metrics = campaign.run_round(1)
