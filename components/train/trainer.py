@@ -265,18 +265,17 @@ class Trainer:
         if advantages.dim() == 2:  # token-level: this batch is only as wide as its longest response
             advantages = advantages[:, :logprobs.shape[1]]
         algo = self.algorithm
-        ref = None
-        if self.has_reference and (algo.kl_mode == "loss" or getattr(loss_fn, "needs_reference", False)):
+        kl_in_loss = regularize and algo.kl_mode == "loss"
+        ref = None  # the reference's forward pass only where the KL term or the loss reads it
+        if self.has_reference and (kl_in_loss or getattr(loss_fn, "needs_reference", False)):
             ref = self._reference_logprobs(batch)  # (B, R)
         inputs = LossInputs(logprobs, old, advantages.to(logprobs.device), batch["mask"], is_expert, ref)
         loss, metrics = loss_fn(inputs, **options)
         entropy_coef = algo.entropy_coef if regularize else 0.0
         entropy = entropy_from_logprobs(logp if entropy_coef else logp.detach())  # (B, R)
-        loss, extra = regularized(loss, logprobs, batch["mask"],
-                                  ref_logprobs=ref if regularize and algo.kl_mode == "loss" else None,
+        loss, extra = regularized(loss, logprobs, batch["mask"], ref_logprobs=ref if kl_in_loss else None,
                                   kl_coef=algo.kl_coef, kl_kind=algo.kl_kind, entropy=entropy,
-                                  entropy_coef=entropy_coef,
-                                  agg=options.get("agg", "token-mean"))
+                                  entropy_coef=entropy_coef, agg=options.get("agg", "token-mean"))
         metrics = {**metrics, **extra}
         self.optimizer.zero_grad()
         self.accelerator.backward(loss)
