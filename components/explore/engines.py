@@ -2,8 +2,8 @@
 
 Every engine has ``encode(prompt, images=)``, ``generate_ids(prompt_ids, images=, n=, max_new_tokens=,
 temperature=, greedy=)`` → groups of ``Rollout`` (token ids and each sampled token's log-prob; token in, token
-out, so a multi-turn workflow extends a context without re-tokenising it), ``generate(prompts, …)``
-(the same on text prompts' encodings), and
+out, so a multi-turn workflow extends a context without re-tokenising it), ``generate(prompts, images=, …)``
+(the same on the prompts' encodings; one method for all, ``PromptEngine``'s), and
 ``load_state_dict(weights)``, which weight sync calls with the trainer's newest weights (and, where
 the engine holds the weights itself, ``holds(weights, names)``, which the sync check asks, and
 ``weights_digest(names)``, which a failed check reports).
@@ -61,7 +61,18 @@ class Rollout:
     finished: bool  # ended with EOS (False: cut at max_new_tokens)
 
 
-class HFRolloutEngine:
+class PromptEngine:
+    """What every engine shares: ``generate`` encodes each prompt with its pictures (the engine's
+    ``encode``) and samples on the ids (its ``generate_ids``)."""
+
+    def generate(self, prompts: list[str], images: Sequence[Sequence] | None = None, **sampling) -> list[list[Rollout]]:
+        """``generate_ids`` on the prompts' encodings (``images``: each prompt's, or None)."""
+        images = images or [()] * len(prompts)
+        return self.generate_ids([self.encode(p, i) for p, i in zip(prompts, images)],
+                                 images=images if any(images) else None, **sampling)
+
+
+class HFRolloutEngine(PromptEngine):
     """Batched sampling with a transformers causal LM held in memory (the explorer's copy)."""
 
     def __init__(
@@ -178,12 +189,6 @@ class HFRolloutEngine:
             ))
         return rollouts
 
-    def generate(self, prompts: list[str], images: Sequence[Sequence] | None = None, **sampling) -> list[list[Rollout]]:
-        """``generate_ids`` on the prompts' encodings (``images``: each prompt's, or None)."""
-        images = images or [()] * len(prompts)
-        return self.generate_ids([self.encode(p, i) for p, i in zip(prompts, images)],
-                                 images=images if any(images) else None, **sampling)
-
     def generate_ids(
         self, encoded: list[list[int]], *, images: Sequence[Sequence] | None = None, n: int = 1,
         max_new_tokens: int = 16, temperature: float = 1.0, greedy: bool = False,
@@ -206,7 +211,7 @@ class HFRolloutEngine:
         return groups  # type: ignore[return-value]
 
 
-class OpenAIRolloutEngine:
+class OpenAIRolloutEngine(PromptEngine):
     """Sampling from OpenAI-compatible completions servers (``vllm serve`` …) that return token ids
     and log-probs: prompts go as token ids (``/v1/completions`` with ``prompt`` = ids), responses
     come back as ids with each sampled token's log-prob (``return_token_ids`` and ``logprobs=0``,
@@ -265,12 +270,6 @@ class OpenAIRolloutEngine:
             raise ValueError(f"the openai engine's model {self.served_model} is a text model: it takes no images "
                              "(model.path must be a vision-language model, e.g. builtin:tiny-vlm)")
         return encode_image_prompt(self.processor, prompt, images, self.chat_template)
-
-    def generate(self, prompts: list[str], images: Sequence[Sequence] | None = None, **sampling) -> list[list[Rollout]]:
-        """``generate_ids`` on the prompts' encodings (``images``: each prompt's, or None)."""
-        images = images or [()] * len(prompts)
-        return self.generate_ids([self.encode(p, i) for p, i in zip(prompts, images)],
-                                 images=images if any(images) else None, **sampling)
 
     def generate_ids(
         self, encoded: list[list[int]], *, images: Sequence[Sequence] | None = None, n: int = 1,
@@ -412,7 +411,7 @@ def _ok(replica: Replica, response, path: str) -> None:
         raise RuntimeError(f"{replica.url}{path}: HTTP {response.status_code}: {response.text[:300]}")
 
 
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(PromptEngine):
     """vLLM in this process, on a GPU: ``vllm.LLM`` over the model directory; after a sync the
     new weights are loaded in place (``reload_weights`` on the workers), no restart. Prompts go as
     token ids; each sampled token's log-prob comes back with it (``logprobs=0``).
@@ -443,11 +442,6 @@ class VLLMRolloutEngine:
     def encode(self, prompt: str, images: Sequence = ()) -> list[int]:
         text_only("vllm", images)
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
-
-    def generate(self, prompts: list[str], images: Sequence[Sequence] | None = None, **sampling) -> list[list[Rollout]]:
-        """``generate_ids`` on the prompts' encodings."""
-        text_only("vllm", images)
-        return self.generate_ids([self.encode(p) for p in prompts], **sampling)
 
     def generate_ids(
         self, encoded: list[list[int]], *, images: Sequence[Sequence] | None = None, n: int = 1,
